@@ -1,0 +1,3 @@
+from lsexp.cli import main
+
+main()

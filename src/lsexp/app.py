@@ -1,0 +1,89 @@
+"""`python -m lsexp [overrides]`: compose, validate, then config -> device -> training -> tracking."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from lsexp import paths
+from lsexp.config import ConfigError, register_configs, validate
+
+log = logging.getLogger("lsexp")
+register_configs()
+
+
+def _exit_on_config_error(cfg: DictConfig) -> None:
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+class ValidateOnRunStart(Callback):
+    """Checks a single run before Hydra creates its output directory, so a rejected config
+    leaves nothing behind. Multirun jobs are checked by `run` itself."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_config_error(config)
+
+
+def _terminate_as_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(cfg: DictConfig) -> dict:
+    """One experiment: the validated config in, its summary out."""
+    _exit_on_config_error(cfg)
+    from lsexp import device, tracking, training
+
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
+    try:
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    except ValueError:  # not the main thread (some launchers); Ctrl-C handling still applies
+        pass
+    with tracking.tracker(cfg, out_dir) as tracker:
+        try:
+            target = device.configure(cfg.device, cfg.train.mode)
+        except (RuntimeError, ValueError) as err:
+            print(f"lsexp: config error: device.device_target={cfg.device.device_target}: "
+                  f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu", file=sys.stderr)
+            raise SystemExit(2) from None
+        history = training.History()
+        try:
+            summary = training.train(cfg, out_dir, history, target)
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            raise SystemExit(2) from None
+        finally:
+            tracker.record(history, out_dir)
+    _report(summary, out_dir)
+    return summary
+
+
+def _report(summary: dict, out_dir: Path) -> None:
+    if summary["diverged"]:
+        state = f"DIVERGED at step {summary['diverged_at_step']}"
+    else:
+        state = f"final loss {summary['final_loss']:.4f}"
+    accuracy = f", eval accuracy {summary['eval_accuracy']:.3f}" if "eval_accuracy" in summary else ""
+    log.info(
+        "%s: %d steps, %s, final scale %g, %d overflow(s), %d skipped update(s)%s, %.1f steps/s -> %s",
+        summary["run_name"], summary["steps"], state, summary["final_loss_scale"],
+        len(summary["overflow_steps"]), summary["skipped_steps"], accuracy, summary["steps_per_second"] or 0,
+        out_dir,
+    )
+
+
+@hydra.main(config_path=str(paths.conf_dir()), config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run(cfg)

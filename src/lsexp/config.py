@@ -1,0 +1,321 @@
+"""Typed schemas for every config group, and the checks that run before MindSpore is imported.
+
+Each YAML option under conf/<group>/ names its schema in its defaults list, so a wrong type or
+an unknown key fails at compose time with Hydra's own message. The cross-field rules that a
+type cannot express live in `validate`, which gathers every problem into one ConfigError.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from lsexp import paths
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3")
+AMP_DTYPES = ("float16", "bfloat16")
+MODES = ("graph", "pynative")
+FIXED_MANAGER = "mindspore.amp.FixedLossScaleManager"
+DYNAMIC_MANAGER = "mindspore.amp.DynamicLossScaleManager"
+
+
+# --- model -----------------------------------------------------------------------------------
+@dataclass
+class ModelConfig:
+    _target_: str = MISSING
+    num_class: int = "${dataset.num_classes}"  # type: ignore[assignment]
+    num_channel: int = "${dataset.num_channel}"  # type: ignore[assignment]
+
+
+@dataclass
+class LeNet5Config(ModelConfig):
+    _target_: str = "lsexp.model.LeNet5"
+
+
+@dataclass
+class MLPConfig(ModelConfig):
+    _target_: str = "lsexp.model.MLP"
+    image_size: int = "${dataset.image_size}"  # type: ignore[assignment]
+    hidden_units: List[int] = field(default_factory=lambda: [256, 128])
+
+
+# --- dataset ---------------------------------------------------------------------------------
+@dataclass
+class DatasetConfig:
+    _target_: str = MISSING
+    batch_size: int = 32
+    drop_remainder: bool = True
+    shuffle: bool = True
+    num_classes: int = 10
+    num_channel: int = 1
+    image_size: int = 32
+    seed: int = "${train.seed}"  # type: ignore[assignment]
+
+
+@dataclass
+class SyntheticConfig(DatasetConfig):
+    _target_: str = "lsexp.data.synthetic"
+    num_samples: int = 1024
+
+
+@dataclass
+class DigitsConfig(DatasetConfig):
+    _target_: str = "lsexp.data.digits"
+    val_fraction: float = 0.2
+
+
+# --- amp -------------------------------------------------------------------------------------
+@dataclass
+class AmpConfig:
+    level: str = "O0"  # the `level` / `amp_level` of mindspore.amp.build_train_network / auto_mixed_precision
+    dtype: str = "float16"
+
+
+# --- loss_scale ------------------------------------------------------------------------------
+@dataclass
+class LossScaleConfig:
+    _target_: str = MISSING
+
+
+@dataclass
+class FixedLossScaleConfig(LossScaleConfig):
+    _target_: str = FIXED_MANAGER
+    loss_scale: float = 128.0
+    drop_overflow_update: bool = True
+
+
+@dataclass
+class DynamicLossScaleConfig(LossScaleConfig):
+    _target_: str = DYNAMIC_MANAGER
+    init_loss_scale: float = 2.0**24
+    scale_factor: int = 2
+    scale_window: int = 2000
+
+
+# --- optimizer -------------------------------------------------------------------------------
+@dataclass
+class OptimizerConfig:
+    _target_: str = MISSING
+    learning_rate: float = 0.01
+    weight_decay: float = 0.0
+    # None: follow the strategy (the manager's scale for fixed_nodrop, 1.0 otherwise).
+    loss_scale: Optional[float] = None
+
+
+@dataclass
+class MomentumConfig(OptimizerConfig):
+    _target_: str = "mindspore.nn.Momentum"
+    momentum: float = 0.9
+
+
+# --- device, train, inject -------------------------------------------------------------------
+@dataclass
+class DeviceConfig:
+    device_target: str = "CPU"  # CPU, GPU, Ascend or auto
+    device_id: int = 0
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    max_steps: Optional[int] = None
+    seed: int = 1
+    mode: str = "graph"
+    checkpoint: bool = False
+    save_checkpoint_steps: Optional[int] = None
+    resume: Optional[str] = None
+    progress: bool = True
+
+
+@dataclass
+class InjectConfig:
+    overflow_steps: List[int] = field(default_factory=list)
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = "mlflow"
+    uri: Optional[str] = None
+    experiment_name: str = "lsexp"
+    run_name: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    amp: AmpConfig = MISSING
+    loss_scale: LossScaleConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    device: DeviceConfig = MISSING
+    train: TrainConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    inject: InjectConfig = field(default_factory=InjectConfig)
+
+
+def register_configs() -> None:
+    cs = ConfigStore.instance()
+    cs.store(name="base_config", node=Config)
+    for group, name, node in [
+        ("model", "base_lenet5", LeNet5Config),
+        ("model", "base_mlp", MLPConfig),
+        ("dataset", "base_synthetic", SyntheticConfig),
+        ("dataset", "base_digits", DigitsConfig),
+        ("amp", "base_amp", AmpConfig),
+        ("loss_scale", "base_fixed", FixedLossScaleConfig),
+        ("loss_scale", "base_dynamic", DynamicLossScaleConfig),
+        ("optimizer", "base_momentum", MomentumConfig),
+        ("device", "base_device", DeviceConfig),
+        ("train", "base_train", TrainConfig),
+        ("tracking", "base_tracking", TrackingConfig),
+    ]:
+        cs.store(group=group, name=name, node=node)
+    # experiments/ sits at the top of the checkout; ConfigStore makes its files the options of
+    # the `experiment` group, so `experiment=seed_blog` works from a checkout and from a wheel.
+    for path in sorted(paths.experiments_dir().glob("*.yaml")):
+        cs.store(group="experiment", name=path.stem, node=OmegaConf.load(path), package="_global_")
+
+
+# --- derived facts the rest of the program shares --------------------------------------------
+def strategy(cfg: DictConfig) -> str:
+    """fixed_drop, fixed_nodrop or dynamic: what the loss_scale group asks for, by content."""
+    if cfg.loss_scale._target_ == DYNAMIC_MANAGER:
+        return "dynamic"
+    return "fixed_drop" if cfg.loss_scale.drop_overflow_update else "fixed_nodrop"
+
+
+def manager_scale(cfg: DictConfig) -> float:
+    ls = cfg.loss_scale
+    return float(ls.init_loss_scale if strategy(cfg) == "dynamic" else ls.loss_scale)
+
+
+def optimizer_loss_scale(cfg: DictConfig) -> float:
+    """The optimizer divides gradients by this; only fixed_nodrop leaves them scaled for it."""
+    if cfg.optimizer.loss_scale is not None:
+        return float(cfg.optimizer.loss_scale)
+    return manager_scale(cfg) if strategy(cfg) == "fixed_nodrop" else 1.0
+
+
+def steps_per_epoch(cfg: DictConfig) -> int:
+    from lsexp.data import num_train_samples
+
+    n, b = num_train_samples(cfg.dataset), cfg.dataset.batch_size
+    return n // b if cfg.dataset.drop_remainder else -(-n // b)
+
+
+def total_steps(cfg: DictConfig) -> int:
+    steps = cfg.train.epochs * steps_per_epoch(cfg)
+    return min(steps, cfg.train.max_steps) if cfg.train.max_steps is not None else steps
+
+
+def run_name(cfg: DictConfig) -> str:
+    model = cfg.model._target_.rsplit(".", 1)[-1].lower()
+    data = cfg.dataset._target_.rsplit(".", 1)[-1]
+    return f"{model}-{data}-{cfg.amp.level}-{strategy(cfg)}"
+
+
+# --- validation ------------------------------------------------------------------------------
+class ConfigError(Exception):
+    """Every problem found in one config; str() is one line per problem."""
+
+    def __init__(self, problems: List[str]):
+        self.problems = problems
+        super().__init__("\n".join(f"lsexp: config error: {p}" for p in problems))
+
+
+def _finite_positive(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError naming every problem in cfg; imports nothing heavy."""
+    from lsexp.device import device_problems
+
+    p: List[str] = []
+    s = strategy(cfg)
+    ls = cfg.loss_scale
+
+    if cfg.amp.level not in AMP_LEVELS:
+        p.append(f"amp.level={cfg.amp.level}: unknown amp level; use one of {', '.join(AMP_LEVELS)}")
+    if cfg.amp.dtype not in AMP_DTYPES:
+        p.append(f"amp.dtype={cfg.amp.dtype}: unknown low-precision type; use float16 or bfloat16")
+
+    if s == "dynamic":
+        if not _finite_positive(ls.init_loss_scale):
+            p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number > 0; e.g. 65536")
+        if ls.scale_factor <= 1:
+            p.append(f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2")
+        if ls.scale_window < 1:
+            p.append(f"loss_scale.scale_window={ls.scale_window}: must be >= 1 step; e.g. 2000")
+    elif not _finite_positive(ls.loss_scale):
+        p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number > 0; e.g. 1024")
+
+    opt_scale = cfg.optimizer.loss_scale
+    if opt_scale is not None:
+        if not _finite_positive(opt_scale):
+            p.append(f"optimizer.loss_scale={opt_scale}: must be a finite number > 0; leave it unset")
+        elif s == "fixed_nodrop" and _finite_positive(ls.loss_scale) and opt_scale != ls.loss_scale:
+            p.append(
+                f"optimizer.loss_scale={opt_scale} with loss_scale=fixed_nodrop (loss_scale.loss_scale="
+                f"{ls.loss_scale}): every update would be scaled by {ls.loss_scale / opt_scale:g}; "
+                f"set optimizer.loss_scale={ls.loss_scale} or leave it unset"
+            )
+        elif s != "fixed_nodrop" and opt_scale != 1:
+            p.append(
+                f"optimizer.loss_scale={opt_scale} with loss_scale={s}: the train step already divides "
+                f"the gradients by the scale, so they would be divided twice; set optimizer.loss_scale=1 "
+                f"or leave it unset"
+            )
+    if not _finite_positive(cfg.optimizer.learning_rate):
+        p.append(f"optimizer.learning_rate={cfg.optimizer.learning_rate}: must be a finite number > 0")
+    if "momentum" in cfg.optimizer and not 0 <= cfg.optimizer.momentum:
+        p.append(f"optimizer.momentum={cfg.optimizer.momentum}: must be >= 0; e.g. 0.9")
+
+    d = cfg.dataset
+    if d.batch_size < 1:
+        p.append(f"dataset.batch_size={d.batch_size}: must be >= 1; e.g. 32")
+    if "num_samples" in d and d.num_samples < max(d.batch_size, 1):
+        p.append(f"dataset.num_samples={d.num_samples}: fewer than one batch of {d.batch_size}; raise it")
+    if "val_fraction" in d and not 0 < d.val_fraction < 1:
+        p.append(f"dataset.val_fraction={d.val_fraction}: must be between 0 and 1; e.g. 0.2")
+
+    t = cfg.train
+    if t.epochs < 1:
+        p.append(f"train.epochs={t.epochs}: must be >= 1; e.g. 10")
+    if t.max_steps is not None and t.max_steps < 1:
+        p.append(f"train.max_steps={t.max_steps}: must be >= 1, or null for no cap")
+    if t.mode not in MODES:
+        p.append(f"train.mode={t.mode}: use graph or pynative")
+    if t.save_checkpoint_steps is not None and t.save_checkpoint_steps < 1:
+        p.append(f"train.save_checkpoint_steps={t.save_checkpoint_steps}: must be >= 1, or null")
+    if t.resume is not None and not Path(t.resume).is_file():
+        p.append(f"train.resume={t.resume}: no such checkpoint file; give the path of a checkpoint.ckpt")
+
+    if not p:  # the step count needs a sane dataset and train section
+        n = total_steps(cfg)
+        if n < 1:
+            p.append(f"dataset.batch_size={d.batch_size}: larger than the data, so the run has no step")
+        outside = [k for k in cfg.inject.overflow_steps if not 1 <= k <= n]
+        if outside:
+            p.append(
+                f"inject.overflow_steps={list(cfg.inject.overflow_steps)}: step(s) {outside} are outside "
+                f"this run's steps 1..{n}; pick steps in that range or raise train.max_steps"
+            )
+
+    p += device_problems(cfg.device)
+    if p:
+        raise ConfigError(p)
+
+
+_CREDENTIALS = re.compile(r"(//)[^/@]*@")
+
+
+def redact(uri: str) -> str:
+    """Drop user:password@ from a URI, for anything that is logged or printed."""
+    return _CREDENTIALS.sub(r"\1", uri)

@@ -1,0 +1,84 @@
+"""Which device target a run can use, decided before MindSpore is imported, and setting it up.
+
+MindSpore fails late and loudly on a target it cannot serve (deep inside graph compilation), so
+the build's plugins and the machine's devices are checked first and reported as config errors.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+from pathlib import Path
+from typing import List, Optional
+
+TARGETS = ("CPU", "GPU", "Ascend")
+_ALIASES = {t.lower(): t for t in TARGETS + ("auto",)}
+
+
+def _mindspore_lib() -> Optional[Path]:
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent / "lib"
+
+
+def _build_supports(target: str) -> bool:
+    lib = _mindspore_lib()
+    if lib is None:
+        return False
+    if target == "CPU":
+        return True
+    plugin = {"GPU": "gpu*", "Ascend": "ascend"}[target]
+    return bool(glob.glob(str(lib / "plugin" / plugin)))
+
+
+def _machine_has(target: str) -> bool:
+    if target == "CPU":
+        return True
+    if target == "GPU":
+        return bool(glob.glob("/dev/nvidia[0-9]*"))
+    return bool(glob.glob("/dev/davinci[0-9]*")) or bool(os.environ.get("ASCEND_HOME_PATH"))
+
+
+def _why_not(target: str) -> Optional[str]:
+    if not _build_supports(target):
+        return f"the installed MindSpore build has no {target} plugin"
+    if not _machine_has(target):
+        device = {"GPU": "NVIDIA GPU (/dev/nvidia*)", "Ascend": "Ascend NPU (/dev/davinci*)"}[target]
+        return f"this machine has no {device}"
+    return None
+
+
+def resolve_target(name: str) -> str:
+    """The concrete target for a configured name: `auto` picks an accelerator if one is usable."""
+    target = _ALIASES[name.lower()]
+    if target != "auto":
+        return target
+    for accelerator in ("Ascend", "GPU"):
+        if _why_not(accelerator) is None:
+            return accelerator
+    return "CPU"
+
+
+def device_problems(dev) -> List[str]:
+    name = str(dev.device_target)
+    if name.lower() not in _ALIASES:
+        return [f"device.device_target={name}: unknown target; use device=cpu, gpu, ascend or auto"]
+    if dev.device_id < 0:
+        return [f"device.device_id={dev.device_id}: must be >= 0"]
+    target = resolve_target(name)
+    why = _why_not(target)
+    if why:
+        return [f"device.device_target={target}: {why}; use device=cpu, or device=auto to take what is there"]
+    return []
+
+
+def configure(dev, mode: str) -> str:
+    """Point MindSpore at the target and execution mode; returns the target in use."""
+    import mindspore as ms
+
+    target = resolve_target(str(dev.device_target))
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_device(target, dev.device_id)
+    return target

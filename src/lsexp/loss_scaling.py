@@ -1,0 +1,145 @@
+"""Where the loss_scale group becomes MindSpore objects: the manager, its update cell, the train step.
+
+The scale arithmetic is MindSpore's own: FixedLossScaleManager / DynamicLossScaleManager hand
+out their update cell, and the train step calls it exactly as nn.TrainOneStepWithLossScaleCell
+does. What lsexp adds is what MindSpore lacks:
+
+- a portable overflow check: the cell's native check uses NPUGetFloatStatusV2 / FloatStatus,
+  which have no CPU kernels, so on CPU it is replaced by mindspore.amp.all_finite;
+- overflow injection inside the compiled step, so a strategy's reaction can be tested;
+- one small stats vector per step (loss, overflow, scale used, update skipped, parameters
+  finite), so recording costs the single host sync that reading the loss needs anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional
+
+import numpy as np
+from hydra.utils import instantiate
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.amp import all_finite
+from mindspore.nn.wrap.loss_scale import _grad_scale
+
+from lsexp.config import optimizer_loss_scale, strategy
+
+STATS = ("loss", "overflow", "loss_scale", "skipped", "params_finite")
+
+_poison = ops.MultitypeFuncGraph("lsexp_poison")
+
+
+@_poison.register("Tensor", "Tensor")
+def _poison_grad(factor, grad):
+    return grad * ops.cast(factor, ops.dtype(grad))
+
+
+class _StepRecorder:
+    """Step counter, injection and stats shared by both train-step cells."""
+
+    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool):
+        self.native_check = native_check
+        self.hyper_map = ops.HyperMap()
+        # A Parameter, so it is saved with the checkpoint and a resumed run keeps counting.
+        self.lsexp_step = Parameter(Tensor(0, mstype.int32), name="lsexp_step", requires_grad=False)
+        steps = sorted(set(inject_steps))
+        self.inject = bool(steps)
+        table = np.zeros(last_step + 2, dtype=np.bool_)
+        table[steps] = True
+        self.inject_table = Tensor(table)
+        self.inf = Tensor(float("inf"), mstype.float32)
+        self.one = Tensor(1.0, mstype.float32)
+        self.zero = Tensor(0.0, mstype.float32)
+
+    def _advance_and_inject(self, grads):
+        step = self.lsexp_step + 1
+        grads = ops.depend(grads, ops.assign(self.lsexp_step, step))
+        if self.inject:
+            factor = ops.select(self.inject_table[step], self.inf, self.one)
+            grads = self.hyper_map(ops.partial(_poison, factor), grads)
+        return grads
+
+    def _stats(self, loss, overflow, scale, skipped):
+        params_finite = all_finite(ops.depend(self.weights, loss))
+        return ops.stack([
+            ops.cast(loss, mstype.float32).reshape(()),
+            ops.cast(overflow, mstype.float32).reshape(()),
+            ops.cast(scale, mstype.float32).reshape(()),
+            ops.cast(skipped, mstype.float32).reshape(()),
+            ops.cast(params_finite, mstype.float32).reshape(()),
+        ])
+
+
+class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
+    """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
+
+    def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False):
+        super().__init__(network, optimizer, scale_sense)
+        self._init_recorder(inject_steps, last_step, native_check)
+
+    def get_overflow_status(self, status, compute_output):
+        if self.native_check:
+            return super().get_overflow_status(status, compute_output)
+        return ops.logical_not(all_finite(compute_output))
+
+    def construct(self, *inputs):
+        # The body of TrainOneStepWithLossScaleCell.construct, plus injection and stats.
+        weights = self.weights
+        loss = self.network(*inputs)
+        scaling_sens = self.scale_sense
+        status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
+        # A copy: the update cell assigns the Parameter in place, and the record wants the scale used.
+        scale_used = scaling_sens * self.one
+        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+        grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
+        grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
+        grads = self.grad_reducer(grads)
+        grads = self._advance_and_inject(grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        return self._stats(loss, cond, scale_used, overflow)
+
+
+class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
+    """What ms.Model builds for FixedLossScaleManager(drop_overflow_update=False): a TrainOneStepCell
+    whose sens is the loss scale, with the optimizer's own loss_scale dividing the gradients.
+    The update is always applied; the overflow flag is only recorded."""
+
+    def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False):
+        super().__init__(network, optimizer, sens)
+        self._init_recorder(inject_steps, last_step, native_check)
+        self.scale = Tensor(sens, mstype.float32)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        sens = ops.fill(loss.dtype, loss.shape, self.sens)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        grads = self.grad_reducer(grads)
+        grads = self._advance_and_inject(grads)
+        overflow = ops.logical_not(all_finite(grads))
+        loss = ops.depend(loss, self.optimizer(grads))
+        return self._stats(loss, overflow, self.scale, self.zero)
+
+
+def build_optimizer(cfg, params) -> nn.Optimizer:
+    """The optimizer group, with the loss_scale the strategy requires (see config.optimizer_loss_scale)."""
+    return instantiate(cfg.optimizer, params=params, loss_scale=optimizer_loss_scale(cfg), _convert_="all")
+
+
+def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
+                     native_check: bool) -> nn.Cell:
+    """The loss_scale group as a train-step cell, built as ms.Model would build it."""
+    manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager
+    kwargs = dict(inject_steps=list(cfg.inject.overflow_steps), last_step=last_step, native_check=native_check)
+    if strategy(cfg) == "fixed_nodrop":
+        return NoDropTrainStep(loss_net, optimizer, manager.get_loss_scale(), **kwargs)
+    return LossScaleTrainStep(loss_net, optimizer, manager.get_update_cell(), **kwargs)
+
+
+def loss_scale_now(step_cell: nn.Cell) -> Optional[float]:
+    """The scale the next step will use."""
+    if isinstance(step_cell, LossScaleTrainStep):
+        return float(step_cell.scale_sense.asnumpy())
+    return float(step_cell.sens)

@@ -1,0 +1,199 @@
+"""A training run: a validated config in, history.csv, summary.json (and a checkpoint) out."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from lsexp.config import ConfigError, run_name, strategy, total_steps, steps_per_epoch
+
+HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
+CHECKPOINT = "checkpoint.ckpt"
+
+
+@dataclass
+class History:
+    """Every step of a run, kept on the host; written out even when the run is interrupted."""
+
+    rows: List[Dict[str, float]] = field(default_factory=list)
+    epoch_accuracy: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy"}
+
+    def column(self, name: str) -> List[float]:
+        return [row[name] for row in self.rows]
+
+    def write_csv(self, path: Path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS)
+            writer.writeheader()
+            writer.writerows(self.rows)
+
+
+def read_history(path: Path) -> List[Dict[str, float]]:
+    with open(path, newline="") as f:
+        return [{k: float(v) if k in ("loss", "loss_scale") else int(v) for k, v in row.items()}
+                for row in csv.DictReader(f)]
+
+
+def _build(cfg, target: str):
+    import mindspore as ms
+    from hydra.utils import instantiate
+    from mindspore import nn
+
+    from lsexp.loss_scaling import build_optimizer, build_train_step
+
+    ms.set_seed(cfg.train.seed)
+    net = instantiate(cfg.model, _convert_="all")
+    dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
+    net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+    loss_net = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(reduction="mean"))
+    optimizer = build_optimizer(cfg, net.trainable_params())
+    step_cell = build_train_step(cfg, loss_net, optimizer, total_steps(cfg), native_check=target != "CPU")
+    step_cell.set_train()
+    return net, step_cell
+
+
+def _resume(step_cell, path: str) -> tuple[int, int]:
+    """Load a checkpoint into the train step; returns (steps done, updates skipped so far)."""
+    import mindspore as ms
+
+    params = ms.load_checkpoint(path)
+    missing, _ = ms.load_param_into_net(step_cell, params)
+    if missing:
+        raise ConfigError([
+            f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved by a different "
+            f"model or loss_scale, so resume with the config it was saved with"
+        ])
+    return int(step_cell.lsexp_step.asnumpy()), int(params["lsexp_skipped_steps"].asnumpy())
+
+
+def _save(step_cell, path: Path, skipped: int) -> None:
+    import mindspore as ms
+
+    ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
+
+
+def _accuracy(net, x_val: np.ndarray, y_val: np.ndarray) -> float:
+    from mindspore import Tensor
+
+    net.set_train(False)
+    logits = net(Tensor(x_val)).asnumpy()
+    net.set_train(True)
+    return float((logits.argmax(axis=1) == y_val).mean())
+
+
+def train(cfg, out_dir: Path, history: History, target: str) -> dict:
+    """Run the configured training; history fills as it goes. Writes history.csv and summary.json
+    in out_dir on every exit, so an interrupted run keeps what it did."""
+    from hydra.utils import call
+    from mindspore import Tensor
+
+    from lsexp.loss_scaling import loss_scale_now
+
+    started = time.perf_counter()
+    data = call(cfg.dataset, _convert_="all")
+    net, step_cell = _build(cfg, target)
+    done, skipped = _resume(step_cell, cfg.train.resume) if cfg.train.resume else (0, 0)
+    last, per_epoch = total_steps(cfg), steps_per_epoch(cfg)
+    every = cfg.train.save_checkpoint_steps
+
+    summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
+                     "device_target": target, "resumed_from_step": done, "status": "running"}
+    diverged_at: Optional[int] = None
+    progress = _progress(cfg, done, last)
+    loop_started = time.perf_counter()
+    step = done
+    try:
+        for epoch in range(done // per_epoch, cfg.train.epochs):
+            start = done % per_epoch if epoch == done // per_epoch else 0
+            for x, y in _batches(cfg, data, epoch, start):
+                if step >= last:
+                    break
+                step += 1
+                loss, overflow, scale, skip, params_finite = step_cell(Tensor(x), Tensor(y)).asnumpy().tolist()
+                skipped += int(skip)
+                history.rows.append({"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale,
+                                     "overflow": int(overflow), "skipped_steps": skipped})
+                progress.update(loss, scale)
+                if every and step % every == 0 and cfg.train.checkpoint:
+                    _save(step_cell, out_dir / CHECKPOINT, skipped)
+                if not math.isfinite(loss) or not params_finite:
+                    diverged_at = step
+                    break
+            if data.x_val is not None and (diverged_at is None and step > done):
+                acc = _accuracy(net, data.x_val, data.y_val)
+                history.epoch_accuracy.append({"epoch": epoch + 1, "step": step, "eval_accuracy": acc})
+            if diverged_at is not None or step >= last:
+                break
+        summary["status"] = "finished"
+    except BaseException as exc:
+        summary["status"] = "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
+        raise
+    finally:
+        progress.close()
+        loop_seconds = time.perf_counter() - loop_started
+        if cfg.train.checkpoint and step > done:
+            _save(step_cell, out_dir / CHECKPOINT, skipped)
+        summary.update(_summarise(history, cfg, step, done, diverged_at, loss_scale_now(step_cell)))
+        summary["wall_seconds"] = round(time.perf_counter() - started, 3)
+        summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
+        history.write_csv(out_dir / "history.csv")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _batches(cfg, data, epoch: int, start: int):
+    from lsexp.data import batches
+
+    d = cfg.dataset
+    return batches(data, d.batch_size, epoch, shuffle=d.shuffle, drop_remainder=d.drop_remainder,
+                   seed=d.seed, start=start)
+
+
+def _summarise(history: History, cfg, step: int, done: int, diverged_at: Optional[int], scale_now) -> dict:
+    rows = history.rows
+    epoch_losses: Dict[int, List[float]] = {}
+    for row in rows:
+        epoch_losses.setdefault(row["epoch"], []).append(row["loss"])
+    out = {
+        "steps": step,
+        "skipped_steps": rows[-1]["skipped_steps"] if rows else 0,
+        "overflow_steps": [row["step"] for row in rows if row["overflow"]],
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_loss_scale": scale_now,
+        "epoch_loss": {str(e): float(np.mean(v)) for e, v in epoch_losses.items()},
+        "diverged": diverged_at is not None,
+        "diverged_at_step": diverged_at,
+    }
+    if history.epoch_accuracy:
+        out["eval_accuracy"] = history.epoch_accuracy[-1]["eval_accuracy"]
+    if cfg.train.checkpoint:
+        out["checkpoint"] = CHECKPOINT
+    return out
+
+
+class _progress:
+    """A tqdm bar showing loss and scale; a no-op when train.progress=false."""
+
+    def __init__(self, cfg, done: int, last: int):
+        self.bar = None
+        if cfg.train.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=last, initial=done, desc=run_name(cfg), unit="step", leave=False,
+                            dynamic_ncols=True)
+
+    def update(self, loss: float, scale: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", scale=f"{scale:g}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
