@@ -11,10 +11,10 @@ from typing import Any
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from lsexp import paths
-from lsexp.config import ConfigError, register_configs, validate
+from lsexp.config import ConfigError, optimizer_loss_scale, register_configs, validate
 
 log = logging.getLogger("lsexp")
 register_configs()
@@ -44,6 +44,12 @@ def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
     from lsexp import device, tracking, training
+
+    with open_dict(cfg):  # record what the optimizer really divides by, not "null"
+        cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
+    if cfg.amp.level == "O0":
+        log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
+                    "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.

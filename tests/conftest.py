@@ -1,0 +1,48 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from lsexp import paths
+from lsexp.config import register_configs
+
+register_configs()
+
+
+def compose_cfg(*overrides: str, hydra_cfg: bool = False):
+    """The config `python -m lsexp <overrides>` would run, composed by Hydra itself."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
+        return compose("config", overrides=list(overrides), return_hydra_config=hydra_cfg)
+
+
+def run_cli(*args: str, cwd: Path, env=None, timeout=600) -> subprocess.CompletedProcess:
+    full_env = dict(os.environ, **(env or {}))
+    return subprocess.run([sys.executable, "-m", "lsexp", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=full_env)
+
+
+@pytest.fixture
+def train_run(tmp_path):
+    """Run a composed config in this process through the real training path; returns (summary, history rows, dir)."""
+    from lsexp import device, training
+
+    counter = iter(range(1000))
+
+    def _run(*overrides: str):
+        cfg = compose_cfg("tracking=none", "train.progress=false", *overrides)
+        from lsexp.config import validate
+
+        validate(cfg)
+        out = tmp_path / f"run{next(counter)}"
+        out.mkdir()
+        target = device.configure(cfg.device, cfg.train.mode)
+        history = training.History()
+        summary = training.train(cfg, out, history, target)
+        return summary, training.read_history(out / "history.csv"), out
+
+    return _run

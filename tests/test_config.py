@@ -1,0 +1,138 @@
+"""Composition and validation: no MindSpore needed, so these are fast."""
+
+import subprocess
+import sys
+
+import pytest
+
+from lsexp.config import ConfigError, optimizer_loss_scale, strategy, total_steps, validate
+from conftest import compose_cfg, run_cli
+
+OPTIONS = {
+    "model": ["lenet5", "mlp"],
+    "dataset": ["synthetic", "digits"],
+    "amp": ["O0", "O1", "O2", "O3"],
+    "loss_scale": ["fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog"],
+    "optimizer": ["momentum"],
+    "device": ["cpu", "auto"],
+    "tracking": ["mlflow", "none"],
+}
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g, opts in OPTIONS.items() for o in opts])
+def test_every_option_composes_and_validates(group, option):
+    validate(compose_cfg(f"{group}={option}"))
+
+
+def test_defaults_are_the_seed_first_setup():
+    cfg = compose_cfg()
+    assert cfg.model._target_ == "lsexp.model.LeNet5"
+    assert cfg.dataset.num_samples == 1024 and cfg.dataset.batch_size == 32 and cfg.dataset.drop_remainder
+    assert cfg.amp.level == "O0"
+    assert strategy(cfg) == "fixed_drop"
+    assert cfg.loss_scale.loss_scale == 128.0 and cfg.loss_scale.drop_overflow_update is True
+    assert cfg.optimizer.learning_rate == 0.01 and cfg.optimizer.momentum == 0.9
+    assert cfg.train.epochs == 10 and total_steps(cfg) == 320
+    assert cfg.device.device_target == "CPU"
+
+
+def test_strategy_defaults_match_mindspore_managers():
+    from mindspore.amp import DynamicLossScaleManager, FixedLossScaleManager
+
+    fixed = FixedLossScaleManager()
+    assert compose_cfg().loss_scale.loss_scale == fixed.get_loss_scale()
+    dynamic = DynamicLossScaleManager()
+    cfg = compose_cfg("loss_scale=dynamic").loss_scale
+    assert (cfg.init_loss_scale, cfg.scale_factor, cfg.scale_window) == (
+        dynamic.get_loss_scale(), dynamic.scale_factor, dynamic.scale_window)
+
+
+def test_optimizer_loss_scale_follows_the_strategy():
+    assert optimizer_loss_scale(compose_cfg("loss_scale=fixed_nodrop")) == 1024.0
+    assert optimizer_loss_scale(compose_cfg("loss_scale=fixed_nodrop", "loss_scale.loss_scale=64")) == 64.0
+    assert optimizer_loss_scale(compose_cfg("loss_scale=fixed_drop")) == 1.0
+    assert optimizer_loss_scale(compose_cfg("loss_scale=dynamic")) == 1.0
+
+
+def problems(*overrides):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_cfg(*overrides))
+    return err.value.problems
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["loss_scale=fixed_nodrop", "optimizer.loss_scale=1"], "optimizer.loss_scale=1.0"),
+    (["loss_scale=fixed_drop", "optimizer.loss_scale=128"], "optimizer.loss_scale=128.0"),
+    (["loss_scale=dynamic", "optimizer.loss_scale=2"], "optimizer.loss_scale=2.0"),
+    (["loss_scale=dynamic", "loss_scale.scale_factor=1"], "loss_scale.scale_factor=1"),
+    (["loss_scale=dynamic", "loss_scale.scale_window=0"], "loss_scale.scale_window=0"),
+    (["loss_scale=dynamic", "loss_scale.init_loss_scale=0"], "loss_scale.init_loss_scale=0"),
+    (["loss_scale.loss_scale=-1"], "loss_scale.loss_scale=-1"),
+    (["loss_scale.loss_scale=inf"], "loss_scale.loss_scale=inf"),
+    (["amp.level=O4"], "amp.level=O4"),
+    (["dataset.batch_size=0"], "dataset.batch_size=0"),
+    (["train.epochs=0"], "train.epochs=0"),
+    (["train.max_steps=0"], "train.max_steps=0"),
+    (["train.mode=eager"], "train.mode=eager"),
+    (["inject.overflow_steps=[0,3]"], "inject.overflow_steps=[0, 3]"),
+    (["train.max_steps=8", "inject.overflow_steps=[9]"], "inject.overflow_steps=[9]"),
+    (["train.resume=/no/such.ckpt"], "train.resume=/no/such.ckpt"),
+    (["device=gpu"], "device.device_target=GPU"),
+    (["device=ascend"], "device.device_target=Ascend"),
+])
+def test_each_rule_names_key_and_value(overrides, key):
+    found = problems(*overrides)
+    assert len(found) == 1 and found[0].startswith(key), found
+
+
+def test_all_problems_are_reported_at_once():
+    found = problems("loss_scale=dynamic", "loss_scale.scale_factor=0", "loss_scale.scale_window=0",
+                     "amp.level=O9", "train.epochs=0", "device=gpu")
+    assert len(found) == 5
+    assert "lsexp: config error: amp.level=O9" in str(ConfigError(found))
+
+
+def test_dynamic_only_keys_are_rejected_on_fixed_strategies():
+    # The seed passed dynamic arguments by position; the schema refuses keys a manager doesn't have.
+    with pytest.raises(Exception, match="scale_window"):
+        compose_cfg("loss_scale=fixed_drop", "loss_scale.scale_window=3000")
+
+
+def test_seed_blog_experiment_sweeps_the_three_setups():
+    cfg = compose_cfg("experiment=seed_blog", hydra_cfg=True)
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    assert cfg.hydra.sweeper.params.loss_scale == "fixed_drop,fixed_nodrop,dynamic_seed_blog"
+    blog = compose_cfg("experiment=seed_blog", "loss_scale=dynamic_seed_blog").loss_scale
+    assert (blog.init_loss_scale, blog.scale_factor, blog.scale_window) == (2**24, 4, 3000)
+    nodrop = compose_cfg("experiment=seed_blog", "loss_scale=fixed_nodrop")
+    assert nodrop.loss_scale.loss_scale == 1024.0 and optimizer_loss_scale(nodrop) == 1024.0
+
+
+def test_validation_does_not_import_mindspore():
+    code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose_cfg;"
+            "from lsexp.config import validate; validate(compose_cfg('device=auto', 'dataset=digits'));"
+            "print('mindspore' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("args,keys", [
+    (["loss_scale=fixed_nodrop", "optimizer.loss_scale=1"], ["optimizer.loss_scale", "loss_scale.loss_scale"]),
+    (["device=gpu"], ["device.device_target=GPU"]),
+])
+def test_cli_config_error_is_one_line_and_writes_nothing(tmp_path, args, keys):
+    out = run_cli(*args, cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lsexp: config error:"), out.stderr
+    assert all(k in lines[0] for k in keys)
+    assert "Traceback" not in out.stderr
+    assert list(tmp_path.iterdir()) == []  # no outputs/, no history.csv, no mlflow.db
+
+
+def test_cli_unknown_option_lists_hydra_options(tmp_path):
+    out = run_cli("loss_scale=fixed", cwd=tmp_path)
+    assert out.returncode != 0
+    assert "Could not find 'loss_scale/fixed'" in out.stderr
+    for option in ("fixed_drop", "fixed_nodrop", "dynamic"):
+        assert option in out.stderr
