@@ -1,12 +1,317 @@
-"""Tracking backends. Placeholder until MLflow lands."""
+"""MLflow tracking: one run per job, one parent run per Hydra sweep.
+
+Nothing is sent to MLflow while training: the history is kept on the host and sent with
+MlflowClient.log_batch when the run ends (per-step logging costs ~7 ms a step here, ~10% of a
+LeNet step). The client API is used instead of mlflow's fluent API, whose process-global
+active-run stack would leak from one job into the next under Hydra's basic launcher.
+"""
+
+from __future__ import annotations
+
+import atexit
 import contextlib
+import json
+import os
+import random
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from lsexp.config import redact, run_name, strategy
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # without it MLflow 3's UI opens on its GenAI page
+PARENT_FILE = ".lsexp_parent_run_id"
+MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
+MAX_PARAMS_PER_BATCH = 100
+
+
+class TrackingError(Exception):
+    """The tracking store cannot be used; str() is the one-line message for the user."""
+
+
+# --- store ------------------------------------------------------------------------------------
+def resolve_uri(uri: Optional[str]) -> str:
+    """The configured URI or MLflow's default, with a relative SQLite path made absolute against
+    the directory the command was started from (jobs of a sweep may run elsewhere)."""
+    if not uri:
+        import mlflow
+
+        uri = mlflow.get_tracking_uri()
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        uri = prefix + str(Path(_start_dir(), uri[len(prefix):]).resolve())
+    return uri
+
+
+def _start_dir() -> str:
+    return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
+
+
+def check_reachable(uri: str) -> None:
+    """Fail fast, in one line, instead of MLflow's minutes of HTTP retries."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as reply:
+            reply.read()
+    except (urllib.error.URLError, OSError) as err:
+        reason = getattr(err, "reason", err)
+        raise TrackingError(
+            f"tracking.uri={redact(uri)}: cannot reach the MLflow server ({reason}); start it "
+            f"(mlflow server --host 127.0.0.1 --port 5000), fix the URI, or use tracking=none"
+        ) from None
+
+
+def with_retry(fn, *args, **kwargs):
+    """Call an MLflow client method, waiting out SQLite's 'database is locked' when parallel
+    jobs write to one file."""
+    for attempt in range(12):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as err:  # MlflowException or sqlalchemy OperationalError, depending on the path
+            if "locked" not in str(err).lower() or attempt == 11:
+                raise
+            time.sleep(min(0.05 * 2**attempt, 2.0) * (1 + random.random()))
+
+
+def client_for(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return with_retry(MlflowClient, tracking_uri=uri)
+
+
+def ensure_experiment(client, name: str, uri: str) -> str:
+    experiment = with_retry(client.get_experiment_by_name, name)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        # Keep artifacts next to the database file rather than in whatever directory ran first.
+        location = (Path(uri[len("sqlite:///"):]).parent / "mlruns").resolve().as_uri()
+    try:
+        return with_retry(client.create_experiment, name, artifact_location=location,
+                          tags={EXPERIMENT_KIND_TAG: "custom_model_development"})
+    except Exception as err:
+        if "already exists" not in str(err).lower():  # another job created it first
+            raise
+        return with_retry(client.get_experiment_by_name, name).experiment_id
+
+
+# --- one run -----------------------------------------------------------------------------------
+def flat_params(cfg: DictConfig) -> Dict[str, str]:
+    """The resolved config as dot keys (no hydra section, no credentials)."""
+    container = OmegaConf.to_container(cfg, resolve=True)
+    container.pop("hydra", None)
+    out: Dict[str, str] = {}
+
+    def walk(prefix: str, node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                walk(f"{prefix}.{key}" if prefix else str(key), value)
+        else:
+            out[prefix] = redact(str(node)) if prefix == "tracking.uri" else str(node)
+
+    walk("", container)
+    return out
+
+
+def run_tags(cfg: DictConfig, target: str) -> Dict[str, str]:
+    from importlib.metadata import version
+
+    return {
+        "lsexp.strategy": strategy(cfg),
+        "lsexp.amp_level": cfg.amp.level,
+        "lsexp.device_target": target,
+        "lsexp.model": cfg.model._target_.rsplit(".", 1)[-1].lower(),
+        "lsexp.dataset": cfg.dataset._target_.rsplit(".", 1)[-1],
+        "lsexp.mindspore_version": version("mindspore"),
+    }
+
+
+class MlflowTracker:
+    def __init__(self, cfg: DictConfig, out_dir: Path):
+        from mlflow.entities import Param
+        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
+
+        self.cfg, self.out_dir = cfg, out_dir
+        uri = resolve_uri(cfg.tracking.uri)
+        check_reachable(uri)
+        self.client = client_for(uri)
+        experiment_id = ensure_experiment(self.client, cfg.tracking.experiment_name, uri)
+        tags = run_tags(cfg, str(cfg.device.device_target))
+        parent = _sweep_parent_run_id()
+        if parent:
+            tags[MLFLOW_PARENT_RUN_ID] = parent
+            tags["lsexp.overrides"] = " ".join(HydraConfig.get().overrides.task)
+        self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags,
+                                 run_name=cfg.tracking.run_name or run_name(cfg)).info.run_id
+        params = [Param(k, v) for k, v in flat_params(cfg).items()]
+        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
+            with_retry(self.client.log_batch, self.run_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
+        self.recorded = False
+
+    def record(self, history, out_dir: Path) -> None:
+        """Send the history, the summary and the artifacts; safe to call on a partial run."""
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(row[key]), now, row["step"])
+                   for row in history.rows for key in ("loss", "loss_scale", "overflow")]
+        metrics += [Metric("eval_accuracy", e["eval_accuracy"], now, e["step"]) for e in history.epoch_accuracy]
+        summary = _read_json(out_dir / "summary.json")
+        if summary:
+            for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second", "diverged_at_step"):
+                if summary.get(key) is not None:
+                    metrics.append(Metric(key, float(summary[key]), now, summary["steps"]))
+            metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, summary["steps"]))
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            with_retry(self.client.log_batch, self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
+        if summary.get("device_target"):
+            tags.append(RunTag("lsexp.device_target", summary["device_target"]))
+        with_retry(self.client.log_batch, self.run_id, tags=tags)
+
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
+        if history.rows:
+            from lsexp.report import plot_run
+
+            plot_run(history.rows, run_name(self.cfg), out_dir / "loss_scale.png")
+        for name in ("config.yaml", "history.csv", "summary.json", "loss_scale.png"):
+            if (out_dir / name).exists():
+                with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
+        self.recorded = True
+
+    def end(self, status: str, error: Optional[BaseException] = None) -> None:
+        if error is not None:
+            message = f"{type(error).__name__}: {error}"
+            with_retry(self.client.set_tag, self.run_id, "lsexp.error", message[:5000])
+            with_retry(self.client.set_tag, self.run_id, "mlflow.note.content", f"Run failed: {message[:5000]}")
+        with_retry(self.client.set_terminated, self.run_id, status)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 class _NoTracker:
-    def record(self, history, out_dir):
+    def record(self, history, out_dir: Path) -> None:
         pass
 
 
 @contextlib.contextmanager
-def tracker(cfg, out_dir):
-    yield _NoTracker()
+def tracker(cfg: DictConfig, out_dir: Path) -> Iterator[Any]:
+    """A tracker for one job. Its MLflow run always ends: FINISHED, KILLED on Ctrl-C / SIGTERM,
+    FAILED with the error recorded on anything else."""
+    if cfg.tracking.backend == "none":
+        yield _NoTracker()
+        return
+    try:
+        run = MlflowTracker(cfg, out_dir)
+    except TrackingError as err:
+        print(f"lsexp: tracking error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    try:
+        yield run
+    except KeyboardInterrupt:
+        run.end("KILLED")
+        raise
+    except SystemExit as exit_:
+        run.end("FINISHED" if not exit_.code else "FAILED", None if not exit_.code else exit_)
+        raise
+    except BaseException as err:
+        run.end("FAILED", err)
+        raise
+    else:
+        run.end("FINISHED")
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+def _sweep_parent_run_id() -> Optional[str]:
+    if not HydraConfig.initialized():
+        return None
+    hc = HydraConfig.get()
+    if str(hc.mode) != "RunMode.MULTIRUN":
+        return None
+    path = Path(hc.sweep.dir) / PARENT_FILE
+    return path.read_text().strip() if path.exists() else None
+
+
+def sweep_params(config: DictConfig) -> Dict[str, str]:
+    """What the sweep varies: command-line overrides plus an experiment's hydra.sweeper.params."""
+    params: Dict[str, str] = {}
+    for override in config.hydra.overrides.task:
+        key, _, value = override.partition("=")
+        params[key.lstrip("+~")] = value
+    swept = OmegaConf.select(config, "hydra.sweeper.params") or {}
+    params.update({str(k): str(v) for k, v in swept.items()})
+    return params
+
+
+class SweepCallback(Callback):
+    """Opens the parent MLflow run before the launcher starts any job, and closes it with the
+    comparison figure and table once every job has ended. The parent is also closed (KILLED)
+    if the sweep dies, so no run is left RUNNING."""
+
+    def __init__(self) -> None:
+        self.client = None
+        self.run_id: Optional[str] = None
+        self.uri = ""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if config.tracking.backend != "mlflow":
+            return
+        self.uri = resolve_uri(config.tracking.uri)
+        try:
+            check_reachable(self.uri)
+        except TrackingError as err:
+            print(f"lsexp: tracking error: {err}", file=sys.stderr)
+            raise SystemExit(2) from None
+        from mlflow.entities import Param
+
+        # Created here, once, before any job: parallel jobs then find the schema and the
+        # experiment in place instead of racing to migrate or create them.
+        self.client = client_for(self.uri)
+        experiment_id = ensure_experiment(self.client, config.tracking.experiment_name, self.uri)
+        name = config.tracking.run_name or f"sweep-{Path(config.hydra.sweep.dir).name}"
+        run = with_retry(self.client.create_run, experiment_id, run_name=name,
+                         tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())})
+        self.run_id = run.info.run_id
+        params = [Param(k, redact(v)) for k, v in sweep_params(config).items()]
+        if params:
+            with_retry(self.client.log_batch, self.run_id, params=params[:MAX_PARAMS_PER_BATCH])
+        sweep_dir = Path(config.hydra.sweep.dir)
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / PARENT_FILE).write_text(self.run_id)
+        atexit.register(self._end_if_open, "KILLED")
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.run_id is None:
+            return
+        from lsexp.report import sweep_report
+
+        out = Path(config.hydra.sweep.dir) / "comparison"
+        try:
+            children = sweep_report(self.client, self.run_id, out)
+            for path in sorted(out.iterdir()):
+                with_retry(self.client.log_artifact, self.run_id, str(path))
+            failed = [c for c in children if c.info.status != "FINISHED"]
+            self._end_if_open("FAILED" if failed else "FINISHED")
+        except BaseException:
+            self._end_if_open("FAILED")
+            raise
+
+    def _end_if_open(self, status: str) -> None:
+        if self.run_id is None:
+            return
+        run_id, self.run_id = self.run_id, None
+        with_retry(self.client.set_terminated, run_id, status)

@@ -1,0 +1,168 @@
+"""Figures and tables: one run's loss and loss scale, and a sweep's runs side by side.
+
+`lsexp report NAME_OR_RUN_ID` redraws a sweep's comparison from the MLflow store alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
+                 "final_loss_scale", "diverged")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _axes(plt, title: str):
+    fig, (ax_loss, ax_scale) = plt.subplots(2, 1, sharex=True, figsize=(9, 6), constrained_layout=True)
+    ax_loss.set_ylabel("loss")
+    ax_loss.set_title(title)
+    # log2, so a fixed 128 and a dynamic 2^24 are both readable on one axis
+    ax_scale.set_yscale("log", base=2)
+    ax_scale.set_ylabel("loss scale (log2)")
+    ax_scale.set_xlabel("step")
+    return fig, ax_loss, ax_scale
+
+
+def _draw(ax_loss, ax_scale, steps, loss, scale, overflow, label=None, color=None):
+    line, = ax_loss.plot(steps, loss, label=label, color=color, linewidth=1)
+    ax_scale.plot(steps, scale, label=label, color=line.get_color(), linewidth=1, drawstyle="steps-post")
+    marks = [i for i, flag in enumerate(overflow) if flag]
+    if marks:
+        ax_scale.plot([steps[i] for i in marks], [scale[i] for i in marks], "x", color=line.get_color(),
+                      markersize=5, label=None if label else "overflow")
+
+
+def plot_run(rows: Sequence[Dict], title: str, path: Path) -> None:
+    plt = _pyplot()
+    fig, ax_loss, ax_scale = _axes(plt, title)
+    _draw(ax_loss, ax_scale, [r["step"] for r in rows], [r["loss"] for r in rows],
+          [r["loss_scale"] for r in rows], [r["overflow"] for r in rows])
+    if any(r["overflow"] for r in rows):
+        ax_scale.legend(loc="best", fontsize=8)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+# --- sweeps ------------------------------------------------------------------------------------
+def _history(client, run_id: str, key: str) -> Dict[int, float]:
+    return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def _labels(children) -> List[str]:
+    """Each child labelled by the overrides that differ across the sweep."""
+    tokens = [set(c.data.tags.get("lsexp.overrides", "").split()) for c in children]
+    common = set.intersection(*tokens) if tokens else set()
+    labels = []
+    for child, own in zip(children, tokens):
+        differing = sorted(own - common)
+        labels.append(" ".join(differing) or child.info.run_name)
+    return labels
+
+
+def sweep_children(client, parent_run_id: str):
+    from mlflow.entities import ViewType
+
+    parent = client.get_run(parent_run_id)
+    return client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                              run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
+
+
+def sweep_report(client, parent_run_id: str, out: Path):
+    """Write comparison.png, comparison.csv and comparison.md for a sweep; returns its child runs."""
+    children = sweep_children(client, parent_run_id)
+    out.mkdir(parents=True, exist_ok=True)
+    labels = _labels(children)
+    plt = _pyplot()
+    fig, ax_loss, ax_scale = _axes(plt, f"sweep {client.get_run(parent_run_id).info.run_name}")
+    rows = []
+    for child, label in zip(children, labels):
+        loss, scale, overflow = (_history(client, child.info.run_id, k) for k in ("loss", "loss_scale", "overflow"))
+        steps = sorted(loss)
+        if steps:
+            _draw(ax_loss, ax_scale, steps, [loss[s] for s in steps], [scale.get(s, float("nan")) for s in steps],
+                  [overflow.get(s, 0) for s in steps], label=label)
+        m = child.data.metrics
+        rows.append({
+            "run": child.info.run_name, "choices": label, "status": child.info.status,
+            "steps": max(steps) if steps else 0,
+            "skipped_steps": _num(m.get("skipped_steps")), "overflow_count": _num(m.get("overflow_count")),
+            "final_loss": _num(m.get("final_loss")), "final_loss_scale": _num(m.get("final_loss_scale")),
+            "diverged": child.data.tags.get("lsexp.diverged", ""),
+        })
+    if children:
+        ax_loss.legend(loc="best", fontsize=8)
+    fig.savefig(out / "comparison.png", dpi=100)
+    plt.close(fig)
+    with open(out / "comparison.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
+    lines += ["| " + " | ".join(str(r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
+    (out / "comparison.md").write_text("\n".join(lines) + "\n")
+    return children
+
+
+def _num(value):
+    if value is None:
+        return ""
+    return int(value) if float(value).is_integer() else round(value, 6)
+
+
+def _latest_sweep(client, experiment_name: str) -> str:
+    experiment = client.get_experiment_by_name(experiment_name)
+    if experiment is None:
+        raise LookupError(f"no experiment named {experiment_name!r} in this store")
+    parents = client.search_runs([experiment.experiment_id], "tags.`lsexp.sweep` = 'true'",
+                                 order_by=["attributes.start_time DESC"], max_results=1)
+    if not parents:
+        raise LookupError(f"experiment {experiment_name!r} has no sweep; run one with python -m lsexp -m ...")
+    return parents[0].info.run_id
+
+
+def main(argv: Sequence[str] = ()) -> int:
+    parser = argparse.ArgumentParser(
+        prog="lsexp report",
+        description="Redraw a sweep's comparison figure and table from the MLflow store, without re-running it.")
+    parser.add_argument("sweep", help="a sweep's parent run id, or an experiment name (its latest sweep)")
+    parser.add_argument("--tracking-uri", default=None,
+                        help="MLflow tracking URI (default: MLflow's own, sqlite:///mlflow.db here)")
+    parser.add_argument("--out", default=None, help="folder for the figure and tables (default: reports/<run id>)")
+    args = parser.parse_args(list(argv))
+
+    from lsexp.config import redact
+    from lsexp.tracking import TrackingError, check_reachable, client_for, resolve_uri
+
+    uri = resolve_uri(args.tracking_uri)
+    try:
+        check_reachable(uri)
+        client = client_for(uri)
+        run_id = args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
+        out = Path(args.out or Path("reports") / run_id)
+        children = sweep_report(client, run_id, out)
+    except (TrackingError, LookupError) as err:
+        print(f"lsexp report: {err}", file=sys.stderr)
+        return 2
+    except Exception as err:  # e.g. an unknown run id: MLflow's RESOURCE_DOES_NOT_EXIST
+        print(f"lsexp report: {args.sweep} in {redact(uri)}: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    print(f"{len(children)} runs of sweep {run_id} -> {out}/comparison.png, comparison.csv, comparison.md")
+    print((out / "comparison.md").read_text(), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
