@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -28,12 +29,25 @@ def _exit_on_config_error(cfg: DictConfig) -> None:
         raise SystemExit(2) from None
 
 
+def _exit_on_unreachable_tracking(cfg: DictConfig) -> None:
+    if cfg.tracking.backend != "mlflow":
+        return
+    from lsexp.tracking import TrackingError, check_reachable
+
+    try:
+        check_reachable(cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
+    except TrackingError as err:
+        print(f"lsexp: tracking error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 class ValidateOnRunStart(Callback):
-    """Checks a single run before Hydra creates its output directory, so a rejected config
-    leaves nothing behind. Multirun jobs are checked by `run` itself."""
+    """Checks a single run (config, tracking server) before Hydra creates its output directory,
+    so a rejected run leaves nothing behind. Multirun jobs are checked by `run` itself."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_on_config_error(config)
+        _exit_on_unreachable_tracking(config)
 
 
 def _terminate_as_interrupt(signum, frame):

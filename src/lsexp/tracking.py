@@ -292,26 +292,32 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
-        atexit.register(self._end_if_open, "KILLED")
+        # Hydra skips on_multirun_end when a job raises or the sweep is interrupted.
+        atexit.register(self._close, sweep_dir, True)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        if self.run_id is None:
-            return
-        from lsexp.report import sweep_report
+        self._close(Path(config.hydra.sweep.dir), interrupted=False)
 
-        out = Path(config.hydra.sweep.dir) / "comparison"
-        try:
-            children = sweep_report(self.client, self.run_id, out)
-            for path in sorted(out.iterdir()):
-                with_retry(self.client.log_artifact, self.run_id, str(path))
-            failed = [c for c in children if c.info.status != "FINISHED"]
-            self._end_if_open("FAILED" if failed else "FINISHED")
-        except BaseException:
-            self._end_if_open("FAILED")
-            raise
-
-    def _end_if_open(self, status: str) -> None:
+    def _close(self, sweep_dir: Path, interrupted: bool) -> None:
+        """Attach the comparison of whatever children exist, then end the parent: FINISHED when every
+        child finished, FAILED when one failed, KILLED when the sweep was cut short otherwise."""
         if self.run_id is None:
             return
         run_id, self.run_id = self.run_id, None
-        with_retry(self.client.set_terminated, run_id, status)
+        from lsexp.report import sweep_report
+
+        status = "KILLED" if interrupted else "FINISHED"
+        try:
+            out = sweep_dir / "comparison"
+            children = sweep_report(self.client, run_id, out)
+            for path in sorted(out.iterdir()):
+                with_retry(self.client.log_artifact, run_id, str(path))
+            if any(c.info.status == "FAILED" for c in children):
+                status = "FAILED"
+        except Exception as err:
+            status = "FAILED"
+            with_retry(self.client.set_tag, run_id, "lsexp.error", f"comparison failed: {err}"[:5000])
+            if not interrupted:
+                raise
+        finally:
+            with_retry(self.client.set_terminated, run_id, status)

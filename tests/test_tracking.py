@@ -1,0 +1,285 @@
+"""MLflow tracking against real stores: a temporary SQLite file, and a real `mlflow server`."""
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from conftest import run_cli
+from lsexp.training import read_history
+
+FAST = ["train.progress=false"]
+
+
+def store(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'm.db'}"
+
+
+def runs(uri: str, experiment: str = "lsexp"):
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    return client, exp, client.search_runs([exp.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def job_dirs(root: Path):
+    return sorted(p.parent for p in root.glob("multirun/*/*/*/history.csv"))
+
+
+def test_single_run_logs_params_metrics_tags_and_artifacts(tmp_path):
+    uri = store(tmp_path)
+    out = run_cli("amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=3", "train.max_steps=12",
+                  "inject.overflow_steps=[2]", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    client, exp, found = runs(uri)
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    (run,) = found
+    assert run.info.status == "FINISHED" and run.info.run_name == "lenet5-synthetic-O2-dynamic"
+    params = run.data.params
+    assert params["loss_scale.scale_window"] == "3" and params["amp.level"] == "O2"
+    assert params["optimizer.loss_scale"] == "1.0" and params["loss_scale._target_"].endswith("DynamicLossScaleManager")
+    tags = run.data.tags
+    assert tags["lsexp.strategy"] == "dynamic" and tags["lsexp.amp_level"] == "O2"
+    assert tags["lsexp.device_target"] == "CPU" and tags["lsexp.model"] == "lenet5"
+    assert tags["lsexp.dataset"] == "synthetic" and tags["lsexp.diverged"] == "false"
+    assert tags["lsexp.mindspore_version"].startswith("2.10")
+
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    rows = read_history(run_dir / "history.csv")
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("loss", "loss_scale", "overflow"):
+        history = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+        assert history == [(r["step"], pytest.approx(r[key])) for r in rows]
+    metrics = run.data.metrics
+    assert metrics["skipped_steps"] == summary["skipped_steps"] >= 1
+    assert metrics["overflow_count"] == len(summary["overflow_steps"])
+    assert metrics["final_loss_scale"] == summary["final_loss_scale"]
+    assert {"final_loss", "steps_per_second"} <= metrics.keys() and "diverged_at_step" not in metrics
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert artifacts == {"config.yaml", "history.csv", "summary.json", "loss_scale.png"}
+    # the store sits in the named file; nothing was written where the command was started besides outputs/
+    assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_default_store_is_mlflow_db_in_the_start_directory(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    out = subprocess.run([sys.executable, "-m", "lsexp", "train.max_steps=2", *FAST], cwd=tmp_path,
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    _, _, found = runs(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    assert [r.info.status for r in found] == ["FINISHED"]
+
+
+def test_diverged_run_is_tagged_and_has_the_step(tmp_path):
+    uri = store(tmp_path)
+    out = run_cli("loss_scale=fixed_nodrop", "train.max_steps=6", "inject.overflow_steps=[4]",
+                  f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    _, _, (run,) = runs(uri)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["lsexp.diverged"] == "true" and run.data.metrics["diverged_at_step"] == 4
+
+
+def test_credentials_in_the_tracking_uri_are_never_logged():
+    from conftest import compose_cfg
+    from lsexp.tracking import flat_params
+
+    params = flat_params(compose_cfg("tracking.uri=http://alice:s3cret@127.0.0.1:5000"))
+    assert params["tracking.uri"] == "http://127.0.0.1:5000"
+    assert not any("s3cret" in v for v in params.values())
+
+
+@pytest.fixture(scope="module")
+def basic_sweep(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sweep")
+    uri = store(root)
+    out = run_cli("-m", "loss_scale=fixed_drop,fixed_nodrop,dynamic", "amp=O2", "train.max_steps=20",
+                  f"tracking.uri={uri}", *FAST, cwd=root)
+    assert out.returncode == 0, out.stderr
+    return root, uri
+
+
+def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
+    root, uri = basic_sweep
+    client, _, found = runs(uri)
+    parents = [r for r in found if r.data.tags.get("lsexp.sweep") == "true"]
+    children = [r for r in found if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 3 and len(found) == 4
+    parent = parents[0]
+    assert parent.info.status == "FINISHED"
+    assert parent.data.params["loss_scale"] == "fixed_drop,fixed_nodrop,dynamic"
+    assert {c.data.tags["mlflow.parentRunId"] for c in children} == {parent.info.run_id}
+    assert {c.info.status for c in children} == {"FINISHED"}
+
+    by_overrides = {c.data.tags["lsexp.overrides"]: c for c in children}
+    for job in job_dirs(root):
+        overrides = " ".join(json.loads(json.dumps(_overrides(job))))
+        child = by_overrides[overrides]
+        scales = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale"))
+        assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
+        assert len(scales) == 20
+
+    artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
+    assert {"comparison.png", "comparison.csv", "comparison.md"} <= artifacts
+    table = list(csv.DictReader(open(client.download_artifacts(parent.info.run_id, "comparison.csv"))))
+    assert sorted(r["choices"] for r in table) == ["loss_scale=dynamic", "loss_scale=fixed_drop",
+                                                   "loss_scale=fixed_nodrop"]
+    dynamic = next(r for r in table if r["choices"] == "loss_scale=dynamic")
+    assert int(dynamic["skipped_steps"]) > 0 and dynamic["diverged"] == "false"
+
+
+def _overrides(job: Path):
+    import yaml
+
+    return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
+
+
+def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
+    root, uri = basic_sweep
+    client, _, found = runs(uri)
+    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
+    logged = open(client.download_artifacts(parent.info.run_id, "comparison.csv")).read()
+    for target in (parent.info.run_id, "lsexp"):
+        out = subprocess.run([sys.executable, "-m", "lsexp.report", target, "--tracking-uri", uri,
+                              "--out", str(tmp_path / target)], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert (tmp_path / target / "comparison.csv").read_text() == logged
+        assert (tmp_path / target / "comparison.png").stat().st_size > 10_000
+    # the console script takes the same arguments
+    out = subprocess.run(["lsexp", "report", "no-such-experiment", "--tracking-uri", uri],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "no-such-experiment" in out.stderr
+
+
+def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
+    uri = store(tmp_path)
+    out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
+                  "loss_scale=fixed_drop,fixed_nodrop,dynamic,dynamic_seed_blog", "amp=O0,O2",
+                  "train.max_steps=20", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "locked" not in out.stderr.lower()
+    client, _, found = runs(uri)
+    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert len(children) == 8 and len(found) == 9
+    assert {c.info.status for c in children} == {"FINISHED"} and parent.info.status == "FINISHED"
+    for child in children:
+        for key in ("loss", "loss_scale", "overflow"):
+            assert [m.step for m in sorted(client.get_metric_history(child.info.run_id, key),
+                                           key=lambda m: m.step)] == list(range(1, 21))
+
+
+def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
+    uri = store(tmp_path)
+    out = run_cli("experiment=seed_blog", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    _, _, found = runs(uri)
+    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
+    assert parent.data.params["loss_scale"] == "fixed_drop,fixed_nodrop,dynamic_seed_blog"
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(c.data.params["loss_scale.scale_factor"] for c in children
+                  if "loss_scale.scale_factor" in c.data.params) == ["4"]
+    assert {c.info.status for c in children} == {"FINISHED"} and len(children) == 3
+
+
+def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
+    uri = store(tmp_path)
+    # A 3-class head on 10-class labels passes validation but fails inside MindSpore.
+    out = run_cli("-m", "model.num_class=3,10", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    assert out.returncode != 0
+    _, _, found = runs(uri)
+    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert [c.info.status for c in children] == ["FAILED", "FINISHED"]
+    assert "lsexp.error" in children[0].data.tags
+    assert parent.info.status == "FAILED"
+    assert "RUNNING" not in {r.info.status for r in found}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, sig):
+    uri = store(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not _running(uri):
+            time.sleep(0.5)
+        time.sleep(4)  # some steps into training
+        proc.send_signal(sig)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    client, _, (run,) = runs(uri)
+    assert run.info.status == "KILLED", output
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    rows = read_history(run_dir / "history.csv")
+    assert 0 < len(rows) < 30 * 32
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == len(rows)
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+
+
+def _running(uri: str) -> bool:
+    try:
+        _, exp, found = runs(uri)
+    except Exception:  # the store or experiment does not exist yet
+        return False
+    return any(r.info.status == "RUNNING" for r in found)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
+         str(tmp_path / "artifacts")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import urllib.request
+
+        for _ in range(120):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=1).read()
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("mlflow server did not start")
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_http_tracking_server(tmp_path, mlflow_server):
+    out = run_cli("amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={mlflow_server}", *FAST,
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    client, _, (run,) = runs(mlflow_server)
+    assert run.info.status == "FINISHED"
+    assert len(client.get_metric_history(run.info.run_id, "loss_scale")) == 5
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} >= {"history.csv", "loss_scale.png"}
+
+
+def test_unreachable_server_is_one_line_before_training(tmp_path):
+    url = f"http://127.0.0.1:{_free_port()}"
+    out = run_cli("train.max_steps=5", f"tracking.uri={url}", cwd=tmp_path)
+    assert out.returncode == 2
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and url in lines[0] and lines[0].startswith("lsexp: tracking error:")
+    assert list(tmp_path.iterdir()) == []
