@@ -78,14 +78,14 @@ def run(cfg: DictConfig) -> dict:
             print(f"lsexp: config error: device.device_target={cfg.device.device_target}: "
                   f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu", file=sys.stderr)
             raise SystemExit(2) from None
-        history = training.History()
+        history = training.History(on_epoch=tracker.send_steps)
         try:
             summary = training.train(cfg, out_dir, history, target)
         except ConfigError as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
         finally:
-            tracker.record(history, out_dir)
+            tracker.send_steps(history)
     _report(summary, out_dir)
     return summary
 

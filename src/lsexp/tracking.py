@@ -1,18 +1,21 @@
 """MLflow tracking: one run per job, one parent run per Hydra sweep.
 
-Nothing is sent to MLflow while training: the history is kept on the host and sent with
-MlflowClient.log_batch when the run ends (per-step logging costs ~7 ms a step here, ~10% of a
-LeNet step). The client API is used instead of mlflow's fluent API, whose process-global
-active-run stack would leak from one job into the next under Hydra's basic launcher.
+Nothing is logged per step (per-step logging costs ~7 ms a step here, ~10% of a LeNet step):
+the job keeps its history on the host and hands it, once per epoch, to a worker process that
+owns the job's MLflow run and sends it with MlflowClient.log_batch. The client API is used
+instead of mlflow's fluent API, whose process-global active-run stack would leak from one job
+into the next under Hydra's basic launcher.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import io
 import json
 import os
 import random
+import subprocess
 import sys
 import time
 import urllib.error
@@ -37,7 +40,7 @@ class TrackingError(Exception):
 
 
 # --- store ------------------------------------------------------------------------------------
-def resolve_uri(uri: Optional[str]) -> str:
+def resolve_uri(uri: Optional[str], start_dir: Optional[str] = None) -> str:
     """The configured URI or MLflow's default, with a relative SQLite path made absolute against
     the directory the command was started from (jobs of a sweep may run elsewhere)."""
     if not uri:
@@ -46,7 +49,7 @@ def resolve_uri(uri: Optional[str]) -> str:
         uri = mlflow.get_tracking_uri()
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
-        uri = prefix + str(Path(_start_dir(), uri[len(prefix):]).resolve())
+        uri = prefix + str(Path(start_dir or _start_dir(), uri[len(prefix):]).resolve())
     return uri
 
 
@@ -135,65 +138,61 @@ def run_tags(cfg: DictConfig, target: str) -> Dict[str, str]:
     }
 
 
-class MlflowTracker:
-    def __init__(self, cfg: DictConfig, out_dir: Path):
+class MlflowRun:
+    """One job's MLflow run. It lives in the tracking worker process (see `tracker`)."""
+
+    def __init__(self, uri: str, start_dir: str, experiment_name: str, run_name: str, tags: Dict[str, str],
+                 params: Dict[str, str]):
         from mlflow.entities import Param
-        from mlflow.utils.mlflow_tags import MLFLOW_PARENT_RUN_ID
 
-        self.cfg, self.out_dir = cfg, out_dir
-        uri = resolve_uri(cfg.tracking.uri)
-        check_reachable(uri)
+        uri = resolve_uri(uri, start_dir)
         self.client = client_for(uri)
-        experiment_id = ensure_experiment(self.client, cfg.tracking.experiment_name, uri)
-        tags = run_tags(cfg, str(cfg.device.device_target))
-        parent = _sweep_parent_run_id()
-        if parent:
-            tags[MLFLOW_PARENT_RUN_ID] = parent
-            tags["lsexp.overrides"] = " ".join(HydraConfig.get().overrides.task)
-        self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags,
-                                 run_name=cfg.tracking.run_name or run_name(cfg)).info.run_id
-        params = [Param(k, v) for k, v in flat_params(cfg).items()]
-        for i in range(0, len(params), MAX_PARAMS_PER_BATCH):
-            with_retry(self.client.log_batch, self.run_id, params=params[i:i + MAX_PARAMS_PER_BATCH])
-        self.recorded = False
+        experiment_id = ensure_experiment(self.client, experiment_name, uri)
+        self.run_name = run_name
+        self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
+        params_ = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(params_), MAX_PARAMS_PER_BATCH):
+            with_retry(self.client.log_batch, self.run_id, params=params_[i:i + MAX_PARAMS_PER_BATCH])
+        self.rows: List[dict] = []
 
-    def record(self, history, out_dir: Path) -> None:
-        """Send the history, the summary and the artifacts; safe to call on a partial run."""
-        from mlflow.entities import Metric, RunTag
+    def log_steps(self, rows: List[dict], epoch_accuracy: List[dict]) -> None:
+        from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(row[key]), now, row["step"])
-                   for row in history.rows for key in ("loss", "loss_scale", "overflow")]
-        metrics += [Metric("eval_accuracy", e["eval_accuracy"], now, e["step"]) for e in history.epoch_accuracy]
-        summary = _read_json(out_dir / "summary.json")
-        if summary:
-            for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second", "diverged_at_step"):
-                if summary.get(key) is not None:
-                    metrics.append(Metric(key, float(summary[key]), now, summary["steps"]))
-            metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, summary["steps"]))
+                   for row in rows for key in ("loss", "loss_scale", "overflow")]
+        metrics += [Metric("eval_accuracy", e["eval_accuracy"], now, e["step"]) for e in epoch_accuracy]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             with_retry(self.client.log_batch, self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
-        tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
-        if summary.get("device_target"):
-            tags.append(RunTag("lsexp.device_target", summary["device_target"]))
-        with_retry(self.client.log_batch, self.run_id, tags=tags)
+        self.rows += rows
 
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(self.cfg, resolve=True))
-        if history.rows:
-            from lsexp.report import plot_run
+    def finish(self, out_dir: Path, status: str, error: Optional[str]) -> None:
+        """Summary metrics, tags and artifacts from what the job left in out_dir; then end the run."""
+        from mlflow.entities import Metric, RunTag
 
-            plot_run(history.rows, run_name(self.cfg), out_dir / "loss_scale.png")
-        for name in ("config.yaml", "history.csv", "summary.json", "loss_scale.png"):
-            if (out_dir / name).exists():
-                with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
-        self.recorded = True
+        try:
+            summary = _read_json(out_dir / "summary.json")
+            now, step = int(time.time() * 1000), summary.get("steps", 0)
+            metrics = [Metric(key, float(summary[key]), now, step)
+                       for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second",
+                                   "diverged_at_step") if summary.get(key) is not None]
+            if "overflow_steps" in summary:
+                metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
+            tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
+            if summary.get("device_target"):
+                tags.append(RunTag("lsexp.device_target", summary["device_target"]))
+            if error:
+                tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
+            with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
+            if self.rows:
+                from lsexp.report import plot_run
 
-    def end(self, status: str, error: Optional[BaseException] = None) -> None:
-        if error is not None:
-            message = f"{type(error).__name__}: {error}"
-            with_retry(self.client.set_tag, self.run_id, "lsexp.error", message[:5000])
-            with_retry(self.client.set_tag, self.run_id, "mlflow.note.content", f"Run failed: {message[:5000]}")
-        with_retry(self.client.set_terminated, self.run_id, status)
+                plot_run(self.rows, self.run_name, out_dir / "loss_scale.png")
+            for name in ("config.yaml", "history.csv", "summary.json", "loss_scale.png"):
+                if (out_dir / name).exists():
+                    with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
+        finally:
+            with_retry(self.client.set_terminated, self.run_id, status)
 
 
 def _read_json(path: Path) -> dict:
@@ -203,30 +202,96 @@ def _read_json(path: Path) -> dict:
         return {}
 
 
+def _worker() -> int:
+    """`python -m lsexp.tracking`: serve one job's MLflow run from JSON lines on stdin.
+
+    The job's process hands MLflow to this process so that importing mlflow, opening the store
+    and drawing the figure overlap with MindSpore's import and graph compilation on the other
+    core instead of adding to the run's wall time. It also means the run is ended (KILLED) even
+    when the job's process dies without a word: stdin then closes."""
+    os.nice(5)  # take the cycles training leaves idle rather than the ones it uses
+    run: Optional[MlflowRun] = None
+    out_dir, done = None, False
+    try:
+        for line in sys.stdin:
+            msg = json.loads(line)
+            if msg["op"] == "open":
+                out_dir = Path(msg.pop("out_dir"))
+                run = MlflowRun(**{k: v for k, v in msg.items() if k != "op"})
+                from lsexp.report import plot_run
+
+                # Load matplotlib and its fonts now, while the job trains, rather than after it.
+                plot_run([{"step": 1, "loss": 1.0, "loss_scale": 1.0, "overflow": 1}], "", io.BytesIO())
+            elif msg["op"] == "steps":
+                run.log_steps(msg["rows"], msg["epoch_accuracy"])
+            elif msg["op"] == "finish":
+                run.finish(out_dir, msg["status"], msg.get("error"))
+                done = True
+                break
+    finally:
+        if run is not None and not done:
+            run.finish(out_dir, "KILLED", "the lsexp process ended without closing its run")
+    return 0
+
+
 class _NoTracker:
-    def record(self, history, out_dir: Path) -> None:
+    def send_steps(self, history) -> None:
         pass
+
+
+class _WorkerTracker:
+    """The job's side of the tracking worker: sends the history as it grows, waits at the end."""
+
+    def __init__(self, cfg: DictConfig, out_dir: Path):
+        self.proc = subprocess.Popen([sys.executable, "-m", "lsexp.tracking"], stdin=subprocess.PIPE,
+                                     text=True, start_new_session=True)  # Ctrl-C goes to the job, not here
+        tags = run_tags(cfg, str(cfg.device.device_target))
+        parent = _sweep_parent_run_id()
+        if parent:
+            tags["mlflow.parentRunId"] = parent
+            tags["lsexp.overrides"] = " ".join(HydraConfig.get().overrides.task)
+        self._send(op="open", uri=cfg.tracking.uri, start_dir=_start_dir(), out_dir=str(out_dir),
+                   experiment_name=cfg.tracking.experiment_name, run_name=cfg.tracking.run_name or run_name(cfg),
+                   tags=tags, params=flat_params(cfg))
+        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self.sent_rows = self.sent_accuracy = 0
+
+    def _send(self, **msg: Any) -> None:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def send_steps(self, history) -> None:
+        rows, accuracy = history.rows[self.sent_rows:], history.epoch_accuracy[self.sent_accuracy:]
+        if rows or accuracy:
+            self._send(op="steps", rows=rows, epoch_accuracy=accuracy)
+            self.sent_rows, self.sent_accuracy = len(history.rows), len(history.epoch_accuracy)
+
+    def end(self, status: str, error: Optional[BaseException] = None) -> None:
+        message = f"{type(error).__name__}: {error}" if error is not None else None
+        try:
+            self._send(op="finish", status=status, error=message)
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        if self.proc.wait() != 0:
+            raise TrackingError(f"the MLflow worker failed (exit {self.proc.returncode}); see its error above")
 
 
 @contextlib.contextmanager
 def tracker(cfg: DictConfig, out_dir: Path) -> Iterator[Any]:
-    """A tracker for one job. Its MLflow run always ends: FINISHED, KILLED on Ctrl-C / SIGTERM,
-    FAILED with the error recorded on anything else."""
+    """A tracker for one job. Its MLflow run always ends: FINISHED, KILLED on Ctrl-C / SIGTERM
+    (or if this process dies), FAILED with the error recorded on anything else."""
     if cfg.tracking.backend == "none":
         yield _NoTracker()
         return
-    try:
-        run = MlflowTracker(cfg, out_dir)
-    except TrackingError as err:
-        print(f"lsexp: tracking error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    run = _WorkerTracker(cfg, out_dir)
     try:
         yield run
     except KeyboardInterrupt:
         run.end("KILLED")
         raise
     except SystemExit as exit_:
-        run.end("FINISHED" if not exit_.code else "FAILED", None if not exit_.code else exit_)
+        run.end("FAILED" if exit_.code else "FINISHED", exit_ if exit_.code else None)
         raise
     except BaseException as err:
         run.end("FAILED", err)
@@ -321,3 +386,12 @@ class SweepCallback(Callback):
                 raise
         finally:
             with_retry(self.client.set_terminated, run_id, status)
+
+
+if __name__ == "__main__":
+    code = _worker()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is committed; skip the interpreter teardown (~0.5 s with mlflow and matplotlib
+    # loaded), which the job would otherwise wait for.
+    os._exit(code)

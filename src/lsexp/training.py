@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -24,6 +24,7 @@ class History:
 
     rows: List[Dict[str, float]] = field(default_factory=list)
     epoch_accuracy: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy"}
+    on_epoch: Optional[Callable[["History"], None]] = None  # e.g. stream to the tracker between epochs
 
     def column(self, name: str) -> List[float]:
         return [row[name] for row in self.rows]
@@ -129,6 +130,8 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
             if data.x_val is not None and (diverged_at is None and step > done):
                 acc = _accuracy(net, data.x_val, data.y_val)
                 history.epoch_accuracy.append({"epoch": epoch + 1, "step": step, "eval_accuracy": acc})
+            if history.on_epoch is not None:
+                history.on_epoch(history)
             if diverged_at is not None or step >= last:
                 break
         summary["status"] = "finished"
