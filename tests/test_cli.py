@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -24,7 +25,7 @@ def test_default_command_writes_history_and_summary(tmp_path):
 
 
 def test_console_script_runs(tmp_path):
-    out = subprocess.run(["lsexp", "train.max_steps=2", "tracking=none", "train.progress=false"], cwd=tmp_path,
+    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "train.max_steps=2", "tracking=none", "train.progress=false"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 

@@ -79,6 +79,7 @@ def problems(*overrides):
     (["train.resume=/no/such.ckpt"], "train.resume=/no/such.ckpt"),
     (["device=gpu"], "device.device_target=GPU"),
     (["device=ascend"], "device.device_target=Ascend"),
+    (["tracking.uri=mlflow.db"], "tracking.uri=mlflow.db"),
 ])
 def test_each_rule_names_key_and_value(overrides, key):
     found = problems(*overrides)

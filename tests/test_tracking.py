@@ -153,7 +153,7 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
         assert (tmp_path / target / "comparison.csv").read_text() == logged
         assert (tmp_path / target / "comparison.png").stat().st_size > 10_000
     # the console script takes the same arguments
-    out = subprocess.run(["lsexp", "report", "no-such-experiment", "--tracking-uri", uri],
+    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "report", "no-such-experiment", "--tracking-uri", uri],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "no-such-experiment" in out.stderr
 
@@ -283,3 +283,14 @@ def test_unreachable_server_is_one_line_before_training(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and url in lines[0] and lines[0].startswith("lsexp: tracking error:")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_path):
+    blocked = tmp_path / "not-a-dir"
+    blocked.write_text("a file where the store's folder should be")
+    out = run_cli("train.max_steps=3", f"tracking.uri=sqlite:///{blocked}/m.db", *FAST, cwd=tmp_path)
+    assert out.returncode == 1
+    errors = [line for line in out.stderr.splitlines() if line.startswith("lsexp: tracking error:")]
+    assert len(errors) == 2 and "Traceback" not in out.stderr, out.stderr
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3

@@ -57,7 +57,7 @@ def _terminate_as_interrupt(signum, frame):
 def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
-    from lsexp import device, tracking, training
+    from lsexp import tracking
 
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
@@ -71,6 +71,18 @@ def run(cfg: DictConfig) -> dict:
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     except ValueError:  # not the main thread (some launchers); Ctrl-C handling still applies
         pass
+    try:
+        summary = _track_and_train(cfg, out_dir)
+    except tracking.TrackingError as err:
+        print(f"lsexp: tracking error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    _report(summary, out_dir)
+    return summary
+
+
+def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
+    from lsexp import device, tracking, training
+
     with tracking.tracker(cfg, out_dir) as tracker:
         try:
             target = device.configure(cfg.device, cfg.train.mode)
@@ -86,7 +98,6 @@ def run(cfg: DictConfig) -> dict:
             raise SystemExit(2) from None
         finally:
             tracker.send_steps(history)
-    _report(summary, out_dir)
     return summary
 
 

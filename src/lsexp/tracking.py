@@ -228,6 +228,10 @@ def _worker() -> int:
                 run.finish(out_dir, msg["status"], msg.get("error"))
                 done = True
                 break
+    except Exception as err:  # reported in one line; the job's own records are unaffected
+        print(f"lsexp: tracking error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+              file=sys.stderr)
+        return 1
     finally:
         if run is not None and not done:
             run.finish(out_dir, "KILLED", "the lsexp process ended without closing its run")
@@ -245,6 +249,8 @@ class _WorkerTracker:
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.proc = subprocess.Popen([sys.executable, "-m", "lsexp.tracking"], stdin=subprocess.PIPE,
                                      text=True, start_new_session=True)  # Ctrl-C goes to the job, not here
+        self.uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        self.out_dir = out_dir
         tags = run_tags(cfg, str(cfg.device.device_target))
         parent = _sweep_parent_run_id()
         if parent:
@@ -257,8 +263,13 @@ class _WorkerTracker:
         self.sent_rows = self.sent_accuracy = 0
 
     def _send(self, **msg: Any) -> None:
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
+        # A worker that died (its error is already on stderr) must not stop the training;
+        # `end` reports it once the job's own records are written.
+        try:
+            self.proc.stdin.write(json.dumps(msg) + "\n")
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass
 
     def send_steps(self, history) -> None:
         rows, accuracy = history.rows[self.sent_rows:], history.epoch_accuracy[self.sent_accuracy:]
@@ -268,13 +279,14 @@ class _WorkerTracker:
 
     def end(self, status: str, error: Optional[BaseException] = None) -> None:
         message = f"{type(error).__name__}: {error}" if error is not None else None
+        self._send(op="finish", status=status, error=message)
         try:
-            self._send(op="finish", status=status, error=message)
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
         if self.proc.wait() != 0:
-            raise TrackingError(f"the MLflow worker failed (exit {self.proc.returncode}); see its error above")
+            raise TrackingError(f"tracking.uri={redact(str(self.uri))}: the run was not fully logged to MLflow "
+                                f"(see the line above); its records are in {self.out_dir}")
 
 
 @contextlib.contextmanager
