@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -42,7 +43,7 @@ def read_history(path: Path) -> List[Dict[str, float]]:
                 for row in csv.DictReader(f)]
 
 
-def _build(cfg, target: str):
+def _build(cfg, target: str, out_dir: Path):
     import mindspore as ms
     from hydra.utils import instantiate
     from mindspore import nn
@@ -52,7 +53,10 @@ def _build(cfg, target: str):
     ms.set_seed(cfg.train.seed)
     net = instantiate(cfg.model, _convert_="all")
     dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
-    net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+    # O1 rewrites the network into Python source under ./rewritten_network, which graph mode
+    # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
+    with contextlib.chdir(out_dir):
+        net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
     loss_net = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(reduction="mean"))
     optimizer = build_optimizer(cfg, net.trainable_params())
     step_cell = build_train_step(cfg, loss_net, optimizer, total_steps(cfg), native_check=target != "CPU")
@@ -99,7 +103,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
 
     started = time.perf_counter()
     data = call(cfg.dataset, _convert_="all")
-    net, step_cell = _build(cfg, target)
+    net, step_cell = _build(cfg, target, out_dir)
     done, skipped = _resume(step_cell, cfg.train.resume) if cfg.train.resume else (0, 0)
     last, per_epoch = total_steps(cfg), steps_per_epoch(cfg)
     every = cfg.train.save_checkpoint_steps
