@@ -93,6 +93,9 @@ def client_for(uri: str):
 def ensure_experiment(client, name: str, uri: str) -> str:
     experiment = with_retry(client.get_experiment_by_name, name)
     if experiment is not None:
+        if EXPERIMENT_KIND_TAG not in experiment.tags:  # made elsewhere: open it on the runs table too
+            with_retry(client.set_experiment_tag, experiment.experiment_id, EXPERIMENT_KIND_TAG,
+                       "custom_model_development")
         return experiment.experiment_id
     location = None
     if uri.startswith("sqlite:///"):
@@ -209,7 +212,7 @@ def _worker() -> int:
     and drawing the figure overlap with MindSpore's import and graph compilation on the other
     core instead of adding to the run's wall time. It also means the run is ended (KILLED) even
     when the job's process dies without a word: stdin then closes."""
-    os.nice(5)  # take the cycles training leaves idle rather than the ones it uses
+    os.nice(5)  # let training win when both want a core
     run: Optional[MlflowRun] = None
     out_dir, done = None, False
     try:
