@@ -19,8 +19,13 @@ from lsexp.training import read_history
 FAST = ["train.progress=false"]
 
 
-def store(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'm.db'}"
+def store(tmp_path: Path, create: bool = False) -> str:
+    """A SQLite store in tmp_path; create=True makes its schema now, so that a test polling it while
+    a job runs is not a second process migrating a new database at the same moment."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    if create:
+        MlflowClient(uri).search_experiments()
+    return uri
 
 
 def runs(uri: str, experiment: str = "lsexp"):
@@ -205,7 +210,7 @@ def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, sig):
-    uri = store(tmp_path)
+    uri = store(tmp_path, create=True)
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
@@ -294,3 +299,21 @@ def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_pa
     assert len(errors) == 2 and "Traceback" not in out.stderr, out.stderr
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
+
+
+def test_a_job_killed_outright_still_ends_its_run(tmp_path):
+    uri = store(tmp_path, create=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
+                            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not _running(uri):
+        time.sleep(0.5)
+    time.sleep(5)  # past the first epochs, which are streamed to the store as they end
+    proc.kill()  # SIGKILL: no handler, no finally
+    proc.wait(timeout=30)
+    deadline = time.time() + 60
+    while time.time() < deadline and _running(uri):
+        time.sleep(0.5)
+    client, _, (run,) = runs(uri)
+    assert run.info.status == "KILLED"
+    assert len(client.get_metric_history(run.info.run_id, "loss")) >= 32

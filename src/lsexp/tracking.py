@@ -87,7 +87,13 @@ def with_retry(fn, *args, **kwargs):
 def client_for(uri: str):
     from mlflow.tracking import MlflowClient
 
-    return with_retry(MlflowClient, tracking_uri=uri)
+    for attempt in range(5):
+        try:
+            return with_retry(MlflowClient, tracking_uri=uri)
+        except Exception as err:  # another process is creating the same new SQLite store
+            if "already exists" not in str(err).lower() or attempt == 4:
+                raise
+            time.sleep(0.5)
 
 
 def ensure_experiment(client, name: str, uri: str) -> str:
@@ -214,7 +220,9 @@ def _worker() -> int:
     when the job's process dies without a word: stdin then closes."""
     os.nice(5)  # let training win when both want a core
     run: Optional[MlflowRun] = None
-    out_dir, done = None, False
+    out_dir: Optional[Path] = None
+    # What the run ends as if the job's process goes away without saying: stdin just closes.
+    status, error, code = "KILLED", "the lsexp process ended without closing its run", 0
     try:
         for line in sys.stdin:
             msg = json.loads(line)
@@ -228,17 +236,23 @@ def _worker() -> int:
             elif msg["op"] == "steps":
                 run.log_steps(msg["rows"], msg["epoch_accuracy"])
             elif msg["op"] == "finish":
-                run.finish(out_dir, msg["status"], msg.get("error"))
-                done = True
+                status, error = msg["status"], msg.get("error")
                 break
-    except Exception as err:  # reported in one line; the job's own records are unaffected
-        print(f"lsexp: tracking error: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
-              file=sys.stderr)
-        return 1
-    finally:
-        if run is not None and not done:
-            run.finish(out_dir, "KILLED", "the lsexp process ended without closing its run")
-    return 0
+    except Exception as err:
+        status, error, code = "FAILED", _one_line(err), 1
+        print(f"lsexp: tracking error: {error}", file=sys.stderr)
+    if run is not None:
+        try:
+            run.finish(out_dir, status, error)
+        except Exception as err:
+            print(f"lsexp: tracking error: {_one_line(err)}", file=sys.stderr)
+            code = 1
+    return code
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 
 
 class _NoTracker:
