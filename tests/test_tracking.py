@@ -125,7 +125,7 @@ def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
 
     by_overrides = {c.data.tags["lsexp.overrides"]: c for c in children}
     for job in job_dirs(root):
-        overrides = " ".join(json.loads(json.dumps(_overrides(job))))
+        overrides = " ".join(_overrides(job))
         child = by_overrides[overrides]
         scales = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from pathlib import Path
@@ -30,15 +29,10 @@ def _exit_on_config_error(cfg: DictConfig) -> None:
 
 
 def _exit_on_unreachable_tracking(cfg: DictConfig) -> None:
-    if cfg.tracking.backend != "mlflow":
-        return
-    from lsexp.tracking import TrackingError, check_reachable
+    if cfg.tracking.backend == "mlflow":
+        from lsexp.tracking import exit_if_unreachable
 
-    try:
-        check_reachable(cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
-    except TrackingError as err:
-        print(f"lsexp: tracking error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        exit_if_unreachable(cfg.tracking.uri)
 
 
 class ValidateOnRunStart(Callback):

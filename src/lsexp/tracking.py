@@ -72,6 +72,15 @@ def check_reachable(uri: str) -> None:
         ) from None
 
 
+def exit_if_unreachable(uri: Optional[str]) -> None:
+    """check_reachable for the command line: the one-line error, then exit 2."""
+    try:
+        check_reachable(uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
+    except TrackingError as err:
+        print(f"lsexp: tracking error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
 def with_retry(fn, *args, **kwargs):
     """Call an MLflow client method, waiting out SQLite's 'database is locked' when parallel
     jobs write to one file."""
@@ -364,12 +373,8 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if config.tracking.backend != "mlflow":
             return
+        exit_if_unreachable(config.tracking.uri)
         self.uri = resolve_uri(config.tracking.uri)
-        try:
-            check_reachable(self.uri)
-        except TrackingError as err:
-            print(f"lsexp: tracking error: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
         from mlflow.entities import Param
 
         # Created here, once, before any job: parallel jobs then find the schema and the

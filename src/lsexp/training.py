@@ -111,7 +111,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
                      "device_target": target, "resumed_from_step": done, "status": "running"}
     diverged_at: Optional[int] = None
-    progress = _progress(cfg, done, last)
+    progress = _Progress(cfg, done, last)
     loop_started = time.perf_counter()
     step = done
     try:
@@ -185,7 +185,7 @@ def _summarise(history: History, cfg, step: int, done: int, diverged_at: Optiona
     return out
 
 
-class _progress:
+class _Progress:
     """A tqdm bar showing loss and scale; a no-op when train.progress=false."""
 
     def __init__(self, cfg, done: int, last: int):
