@@ -214,10 +214,16 @@ def total_steps(cfg: DictConfig) -> int:
     return min(steps, cfg.train.max_steps) if cfg.train.max_steps is not None else steps
 
 
+def model_name(cfg: DictConfig) -> str:
+    return cfg.model._target_.rsplit(".", 1)[-1].lower()
+
+
+def dataset_name(cfg: DictConfig) -> str:
+    return cfg.dataset._target_.rsplit(".", 1)[-1]
+
+
 def run_name(cfg: DictConfig) -> str:
-    model = cfg.model._target_.rsplit(".", 1)[-1].lower()
-    data = cfg.dataset._target_.rsplit(".", 1)[-1]
-    return f"{model}-{data}-{cfg.amp.level}-{strategy(cfg)}"
+    return f"{model_name(cfg)}-{dataset_name(cfg)}-{cfg.amp.level}-{strategy(cfg)}"
 
 
 # --- validation ------------------------------------------------------------------------------

@@ -24,8 +24,6 @@ from mindspore.nn.wrap.loss_scale import _grad_scale
 
 from lsexp.config import optimizer_loss_scale, strategy
 
-STATS = ("loss", "overflow", "loss_scale", "skipped", "params_finite")
-
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
 

@@ -27,7 +27,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lsexp.config import redact, run_name, strategy
+from lsexp.config import dataset_name, model_name, redact, run_name, strategy
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # without it MLflow 3's UI opens on its GenAI page
 PARENT_FILE = ".lsexp_parent_run_id"
@@ -57,6 +57,12 @@ def _start_dir() -> str:
     return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
 
 
+def configured_uri(uri: Optional[str]) -> str:
+    """The URI a run will use, as far as it is known without importing mlflow (MLflow's own
+    precedence: the argument, then $MLFLOW_TRACKING_URI, then its default store)."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+
+
 def check_reachable(uri: str) -> None:
     """Fail fast, in one line, instead of MLflow's minutes of HTTP retries."""
     if not uri.startswith(("http://", "https://")):
@@ -75,7 +81,7 @@ def check_reachable(uri: str) -> None:
 def exit_if_unreachable(uri: Optional[str]) -> None:
     """check_reachable for the command line: the one-line error, then exit 2."""
     try:
-        check_reachable(uri or os.environ.get("MLFLOW_TRACKING_URI", ""))
+        check_reachable(configured_uri(uri))
     except TrackingError as err:
         print(f"lsexp: tracking error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
@@ -150,8 +156,8 @@ def run_tags(cfg: DictConfig, target: str) -> Dict[str, str]:
         "lsexp.strategy": strategy(cfg),
         "lsexp.amp_level": cfg.amp.level,
         "lsexp.device_target": target,
-        "lsexp.model": cfg.model._target_.rsplit(".", 1)[-1].lower(),
-        "lsexp.dataset": cfg.dataset._target_.rsplit(".", 1)[-1],
+        "lsexp.model": model_name(cfg),
+        "lsexp.dataset": dataset_name(cfg),
         "lsexp.mindspore_version": version("mindspore"),
     }
 
@@ -275,7 +281,7 @@ class _WorkerTracker:
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.proc = subprocess.Popen([sys.executable, "-m", "lsexp.tracking"], stdin=subprocess.PIPE,
                                      text=True, start_new_session=True)  # Ctrl-C goes to the job, not here
-        self.uri = cfg.tracking.uri or os.environ.get("MLFLOW_TRACKING_URI") or "sqlite:///mlflow.db"
+        self.uri = configured_uri(cfg.tracking.uri)
         self.out_dir = out_dir
         tags = run_tags(cfg, str(cfg.device.device_target))
         parent = _sweep_parent_run_id()

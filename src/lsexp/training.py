@@ -27,9 +27,6 @@ class History:
     epoch_accuracy: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy"}
     on_epoch: Optional[Callable[["History"], None]] = None  # e.g. stream to the tracker between epochs
 
-    def column(self, name: str) -> List[float]:
-        return [row[name] for row in self.rows]
-
     def write_csv(self, path: Path) -> None:
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS)
@@ -147,7 +144,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
         loop_seconds = time.perf_counter() - loop_started
         if cfg.train.checkpoint and step > done:
             _save(step_cell, out_dir / CHECKPOINT, skipped)
-        summary.update(_summarise(history, cfg, step, done, diverged_at, loss_scale_now(step_cell)))
+        summary.update(_summarise(history, cfg, step, diverged_at, loss_scale_now(step_cell)))
         summary["wall_seconds"] = round(time.perf_counter() - started, 3)
         summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
         history.write_csv(out_dir / "history.csv")
@@ -163,7 +160,7 @@ def _batches(cfg, data, epoch: int, start: int):
                    seed=d.seed, start=start)
 
 
-def _summarise(history: History, cfg, step: int, done: int, diverged_at: Optional[int], scale_now) -> dict:
+def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], scale_now) -> dict:
     rows = history.rows
     epoch_losses: Dict[int, List[float]] = {}
     for row in rows:
