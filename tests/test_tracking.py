@@ -317,3 +317,63 @@ def test_a_job_killed_outright_still_ends_its_run(tmp_path):
     client, _, (run,) = runs(uri)
     assert run.info.status == "KILLED"
     assert len(client.get_metric_history(run.info.run_id, "loss")) >= 32
+
+
+# --- the early tracking worker -----------------------------------------------------------------
+def _workers_in(cwd: Path):
+    """Tracking worker processes started from cwd (they inherit the command's directory)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"lsexp.tracking_worker" in cmdline and Path(os.readlink(proc / "cwd")) == cwd:
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def test_tracking_worker_imports_neither_hydra_nor_mindspore():
+    # it starts before Hydra composes the config; anything heavy it imports delays the run
+    code = ("import sys, lsexp.tracking_worker; "
+            "print(sorted(m for m in ('hydra', 'omegaconf', 'mindspore', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def _run_to_files(*args: str, cwd: Path) -> int:
+    """Like run_cli, but the output goes to files: with pipes, subprocess.run would also wait for
+    any worker holding them, and hide one that outlives the command."""
+    log = cwd.parent / f"{cwd.name}.log"
+    with open(log, "w") as out:
+        return subprocess.run([sys.executable, "-m", "lsexp", *args], cwd=cwd, stdout=out, stderr=out,
+                              timeout=300).returncode
+
+
+def test_a_rejected_config_leaves_no_tracking_worker_behind(tmp_path):
+    assert _run_to_files("loss_scale=fixed_nodrop", "optimizer.loss_scale=1", cwd=tmp_path) == 2
+    assert _workers_in(tmp_path) == []  # stopped, not left to finish its mlflow import
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tracking_turned_off_by_a_config_file_stops_the_early_worker(tmp_path):
+    # the command line does not say tracking=none, so a worker starts early; the composed config then
+    # does, and the worker must go before training, not compete with it for the cores
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "quiet.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - override /tracking: none\n")
+    with open(tmp_path.parent / f"{tmp_path.name}.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "lsexp", "--config-dir", str(tmp_path / "conf"),
+                                 "experiment=quiet", "train.max_steps=200", *FAST],
+                                cwd=tmp_path, stdout=log, stderr=log)
+    deadline = time.time() + 60
+    while time.time() < deadline and not list(tmp_path.glob("outputs/*/*/.hydra/config.yaml")):
+        time.sleep(0.05)
+    time.sleep(1.0)  # the job has started (Hydra wrote its config) and is importing MindSpore or training
+    workers_while_training = _workers_in(tmp_path)
+    assert proc.poll() is None, "the run ended before the check; give it more steps"
+    assert proc.wait(timeout=300) == 0
+    assert workers_while_training == []
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "mlruns").exists()
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    assert json.loads((run_dir / "summary.json").read_text())["steps"] == 200

@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from lsexp import paths
+from lsexp.store import redact
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_DTYPES = ("float16", "bfloat16")
@@ -325,10 +326,3 @@ def validate(cfg: DictConfig) -> None:
     if p:
         raise ConfigError(p)
 
-
-_CREDENTIALS = re.compile(r"(//)[^/@]*@")
-
-
-def redact(uri: str) -> str:
-    """Drop user:password@ from a URI, for anything that is logged or printed."""
-    return _CREDENTIALS.sub(r"\1", uri)

@@ -145,8 +145,7 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--out", default=None, help="folder for the figure and tables (default: reports/<run id>)")
     args = parser.parse_args(list(argv))
 
-    from lsexp.config import redact
-    from lsexp.tracking import TrackingError, check_reachable, client_for, resolve_uri
+    from lsexp.store import TrackingError, check_reachable, client_for, redact, resolve_uri
 
     uri = resolve_uri(args.tracking_uri)
     try:

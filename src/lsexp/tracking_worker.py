@@ -1,0 +1,186 @@
+"""The tracking worker: a process that owns one job's MLflow run, fed JSON lines on its stdin.
+
+Importing mlflow and opening its store costs ~1.5 s of CPU, and drawing the run's figure ~0.5 s
+more; in the job's process that would add straight to the run's wall time. Here it runs beside
+the job, started before Hydra composes the config, so the imports overlap Hydra and MindSpore's
+own imports, when the job uses one core, instead of the training, which keeps MindSpore's
+runtime threads busy on every core. The worker also ends the run (KILLED) when the job's
+process dies without a word: its stdin then closes.
+
+It imports nothing of Hydra or MindSpore (see `python -X importtime -m lsexp.tracking_worker`).
+"""
+
+from __future__ import annotations
+
+import atexit
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from lsexp.store import (MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, client_for, ensure_experiment, resolve_uri,
+                         with_retry)
+
+ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
+
+_early: Optional[subprocess.Popen] = None
+
+
+# --- the job's side: starting a worker -------------------------------------------------------
+def start() -> subprocess.Popen:
+    # A session of its own: Ctrl-C in the terminal goes to the job, which then ends the run.
+    return subprocess.Popen([sys.executable, "-m", "lsexp.tracking_worker"], stdin=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def start_early(argv: List[str]) -> None:
+    """Start a worker before Hydra composes the config, unless the command line turns tracking
+    off or only asks Hydra for help or the config. One that the run does not claim is stopped
+    before it has touched any store."""
+    global _early
+    if any(arg in ("tracking=none", "tracking.backend=none") for arg in argv):
+        return
+    if any(arg.startswith(("-h", "--help", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion",
+                           "-sc")) for arg in argv):
+        return
+    _early = start()
+    atexit.register(discard)
+
+
+def claim() -> subprocess.Popen:
+    """The early worker if there is one still waiting, else a new one."""
+    global _early
+    proc, _early = _early, None
+    if proc is not None and proc.poll() is None:
+        return proc
+    return start()
+
+
+def discard() -> None:
+    """Stop an early worker no run has claimed (tracking turned off by the config, a parallel
+    launcher's jobs in other processes, a rejected config)."""
+    global _early
+    proc, _early = _early, None
+    if proc is not None:
+        proc.kill()
+        proc.wait()
+
+
+# --- the worker's side -----------------------------------------------------------------------
+class MlflowRun:
+    """One job's MLflow run, created from the job's `open` message."""
+
+    def __init__(self, uri: str, start_dir: str, experiment_name: str, run_name: str, tags: Dict[str, str],
+                 params: Dict[str, str]):
+        from mlflow.entities import Param
+
+        uri = resolve_uri(uri, start_dir)
+        self.client = client_for(uri)
+        experiment_id = ensure_experiment(self.client, experiment_name, uri)
+        self.run_name = run_name
+        self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
+        params_ = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(params_), MAX_PARAMS_PER_BATCH):
+            with_retry(self.client.log_batch, self.run_id, params=params_[i:i + MAX_PARAMS_PER_BATCH])
+        self.rows: List[dict] = []
+
+    def log_steps(self, rows: List[dict], epoch_accuracy: List[dict]) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        metrics = [Metric(key, float(row[key]), now, row["step"])
+                   for row in rows for key in ("loss", "loss_scale", "overflow")]
+        metrics += [Metric("eval_accuracy", e["eval_accuracy"], now, e["step"]) for e in epoch_accuracy]
+        for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
+            with_retry(self.client.log_batch, self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+        self.rows += rows
+
+    def finish(self, out_dir: Path, status: str, error: Optional[str]) -> None:
+        """Summary metrics, tags and artifacts from what the job left in out_dir; then end the run."""
+        from mlflow.entities import Metric, RunTag
+
+        try:
+            summary = _read_json(out_dir / "summary.json")
+            now, step = int(time.time() * 1000), summary.get("steps", 0)
+            metrics = [Metric(key, float(summary[key]), now, step)
+                       for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second",
+                                   "diverged_at_step") if summary.get(key) is not None]
+            if "overflow_steps" in summary:
+                metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
+            tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
+            if summary.get("device_target"):
+                tags.append(RunTag("lsexp.device_target", summary["device_target"]))
+            if error:
+                tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
+            with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
+            if self.rows:
+                from lsexp.report import plot_run
+
+                plot_run(self.rows, self.run_name, out_dir / "loss_scale.png")
+            for name in ARTIFACTS:
+                if (out_dir / name).exists():
+                    with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
+        finally:
+            with_retry(self.client.set_terminated, self.run_id, status)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def serve(lines) -> int:
+    """Serve one job's run from its messages: open, steps (once an epoch), finish."""
+    os.nice(5)  # let training win when both want a core
+    # Import mlflow before the job's first message arrives: the job is still composing its config.
+    import mlflow.tracking  # noqa: F401
+
+    run: Optional[MlflowRun] = None
+    out_dir: Optional[Path] = None
+    # What the run ends as if the job's process goes away without saying: stdin just closes.
+    status, error, code = "KILLED", "the lsexp process ended without closing its run", 0
+    try:
+        for line in lines:
+            msg = json.loads(line)
+            if msg["op"] == "open":
+                out_dir = Path(msg.pop("out_dir"))
+                run = MlflowRun(**{k: v for k, v in msg.items() if k != "op"})
+                from lsexp.report import plot_run
+
+                # Load matplotlib and its fonts now, while the job compiles, rather than after it.
+                plot_run([{"step": 1, "loss": 1.0, "loss_scale": 1.0, "overflow": 1}], "", io.BytesIO())
+            elif msg["op"] == "steps":
+                run.log_steps(msg["rows"], msg["epoch_accuracy"])
+            elif msg["op"] == "finish":
+                status, error = msg["status"], msg.get("error")
+                break
+    except Exception as err:
+        status, error, code = "FAILED", _one_line(err), 1
+        print(f"lsexp: tracking error: {error}", file=sys.stderr)
+    if run is not None:
+        try:
+            run.finish(out_dir, status, error)
+        except Exception as err:
+            print(f"lsexp: tracking error: {_one_line(err)}", file=sys.stderr)
+            code = 1
+    return code
+
+
+if __name__ == "__main__":
+    code = serve(sys.stdin)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Everything is committed; skip the interpreter teardown (~0.5 s with mlflow and matplotlib
+    # loaded), which the job would otherwise wait for.
+    os._exit(code)
