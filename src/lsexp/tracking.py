@@ -119,7 +119,7 @@ class _WorkerTracker:
             self.proc.stdin.close()
         except BrokenPipeError:
             pass
-        if self.proc.wait() != 0:
+        if tracking_worker.wait(self.proc) != 0:
             raise TrackingError(f"tracking.uri={redact(str(self.uri))}: the run was not fully logged to MLflow "
                                 f"(see the line above); its records are in {self.out_dir}")
 
