@@ -5,7 +5,8 @@
 Runs `python -m lsexp` and `python -m lsexp tracking=none` alternately (so machine noise hits
 both alike) in a temporary directory whose mlflow.db already exists, as it does after a user's
 first run, and prints the medians of the whole command's wall time and of the training loop's
-throughput (summary.json's steps_per_second).
+throughput (summary.json's steps_per_second), and the mean of each pair's wall-time ratio with
+its standard error.
 """
 
 import json
@@ -39,7 +40,11 @@ def main(pairs: int) -> None:
               f"training median {speed[k]:.2f} steps/s")
     print(f"overhead: wall time {100 * (wall['mlflow'] / wall['none'] - 1):+.1f}%, "
           f"training throughput {100 * (speed['mlflow'] / speed['none'] - 1):+.1f}% ({pairs} pairs)")
+    ratios = [100 * (m / n - 1) for (n, _), (m, _) in zip(results["none"], results["mlflow"])]
+    if len(ratios) > 1:
+        print(f"per pair: mean wall-time overhead {statistics.mean(ratios):+.1f}% "
+              f"(standard error {statistics.stdev(ratios) / len(ratios) ** 0.5:.1f}%)")
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 15)
