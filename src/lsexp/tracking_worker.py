@@ -29,6 +29,9 @@ ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
 
 DONE = "lsexp-tracking-worker-done"  # the worker's last line on its stdout, with its exit code
 _early: Optional[subprocess.Popen] = None
+# Hydra's flags that print something and exit without running a job.
+_NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i", "--info", "-sc",
+                 "--shell-completion"}
 
 
 # --- the job's side: starting a worker -------------------------------------------------------
@@ -45,8 +48,7 @@ def start_early(argv: List[str]) -> None:
     global _early
     if any(arg in ("tracking=none", "tracking.backend=none") for arg in argv):
         return
-    if any(arg.startswith(("-h", "--help", "--hydra-help", "--cfg", "-c", "--info", "-i", "--shell-completion",
-                           "-sc")) for arg in argv):
+    if any(arg.partition("=")[0] in _NO_RUN_FLAGS for arg in argv):
         return
     _early = start()
     atexit.register(discard)
