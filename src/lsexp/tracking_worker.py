@@ -7,7 +7,7 @@ own imports, when the job uses one core, instead of the training, which keeps Mi
 runtime threads busy on every core. The worker also ends the run (KILLED) when the job's
 process dies without a word: its stdin then closes.
 
-It imports nothing of Hydra or MindSpore (see `python -X importtime -m lsexp.tracking_worker`).
+It imports nothing of Hydra or MindSpore (`python -X importtime -c 'import lsexp.tracking_worker'`).
 """
 
 from __future__ import annotations
@@ -190,9 +190,11 @@ def serve(lines) -> int:
 
 
 if __name__ == "__main__":
+    # stdout is the job's pipe for the done line alone; anything a library prints goes to stderr.
+    done_channel, sys.stdout = sys.stdout, sys.stderr
     code = serve(sys.stdin)
     sys.stderr.flush()
-    print(DONE, code, flush=True)
+    print(DONE, code, file=done_channel, flush=True)
     # Everything is committed; skip the interpreter teardown (~0.5 s with mlflow and matplotlib
     # loaded), which the job would otherwise wait for.
     os._exit(code)
