@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional
 
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # without it MLflow 3's UI opens on its GenAI page
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
@@ -38,10 +38,7 @@ def configured_uri(uri: Optional[str]) -> str:
 def resolve_uri(uri: Optional[str], start_dir: Optional[str] = None) -> str:
     """The configured URI or MLflow's default, with a relative SQLite path made absolute against
     the directory the command was started from (jobs of a sweep may run elsewhere)."""
-    if not uri:
-        import mlflow
-
-        uri = mlflow.get_tracking_uri()
+    uri = configured_uri(uri)
     prefix = "sqlite:///"
     if uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         uri = prefix + str(Path(start_dir or os.getcwd(), uri[len(prefix):]).resolve())
@@ -85,6 +82,14 @@ def client_for(uri: str):
             if "already exists" not in str(err).lower() or attempt == 4:
                 raise
             time.sleep(0.5)
+
+
+def log_params(client, run_id: str, params: Dict[str, str]) -> None:
+    from mlflow.entities import Param
+
+    batch = [Param(k, v) for k, v in params.items()]
+    for i in range(0, len(batch), MAX_PARAMS_PER_BATCH):
+        with_retry(client.log_batch, run_id, params=batch[i:i + MAX_PARAMS_PER_BATCH])
 
 
 def ensure_experiment(client, name: str, uri: str) -> str:

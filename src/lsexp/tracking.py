@@ -21,10 +21,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from lsexp import tracking_worker
+from lsexp import device, tracking_worker
 from lsexp.config import dataset_name, model_name, run_name, strategy
-from lsexp.store import (MAX_PARAMS_PER_BATCH, TrackingError, check_reachable, client_for, configured_uri,
-                         ensure_experiment, redact, resolve_uri, with_retry)
+from lsexp.store import (TrackingError, check_reachable, client_for, configured_uri, ensure_experiment, log_params,
+                         redact, resolve_uri, with_retry)
 
 PARENT_FILE = ".lsexp_parent_run_id"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
@@ -61,13 +61,13 @@ def flat_params(cfg: DictConfig) -> Dict[str, str]:
     return out
 
 
-def run_tags(cfg: DictConfig, target: str) -> Dict[str, str]:
+def run_tags(cfg: DictConfig) -> Dict[str, str]:
     from importlib.metadata import version
 
     return {
         "lsexp.strategy": strategy(cfg),
         "lsexp.amp_level": cfg.amp.level,
-        "lsexp.device_target": target,
+        "lsexp.device_target": device.resolve_target(str(cfg.device.device_target)),  # what `auto` becomes
         "lsexp.model": model_name(cfg),
         "lsexp.dataset": dataset_name(cfg),
         "lsexp.mindspore_version": version("mindspore"),
@@ -86,7 +86,7 @@ class _WorkerTracker:
         self.proc = tracking_worker.claim()
         self.uri = configured_uri(cfg.tracking.uri)
         self.out_dir = out_dir
-        tags = run_tags(cfg, str(cfg.device.device_target))
+        tags = run_tags(cfg)
         parent = _sweep_parent_run_id()
         if parent:
             tags["mlflow.parentRunId"] = parent
@@ -181,15 +181,13 @@ class SweepCallback(Callback):
         self.uri = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if config.tracking.backend != "mlflow":
+        # An early worker serves the first job only when the jobs run in this process and track.
+        if config.tracking.backend != "mlflow" or OmegaConf.select(config, "hydra.launcher._target_") != BASIC_LAUNCHER:
             tracking_worker.discard()
+        if config.tracking.backend != "mlflow":
             return
-        if OmegaConf.select(config, "hydra.launcher._target_") != BASIC_LAUNCHER:
-            tracking_worker.discard()  # the jobs run in other processes, each with its own worker
         exit_if_unreachable(config.tracking.uri)
         self.uri = resolve_uri(config.tracking.uri, _start_dir())
-        from mlflow.entities import Param
-
         # Created here, once, before any job: parallel jobs then find the schema and the
         # experiment in place instead of racing to migrate or create them.
         self.client = client_for(self.uri)
@@ -198,9 +196,7 @@ class SweepCallback(Callback):
         run = with_retry(self.client.create_run, experiment_id, run_name=name,
                          tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())})
         self.run_id = run.info.run_id
-        params = [Param(k, redact(v)) for k, v in sweep_params(config).items()]
-        if params:
-            with_retry(self.client.log_batch, self.run_id, params=params[:MAX_PARAMS_PER_BATCH])
+        log_params(self.client, self.run_id, {k: redact(v) for k, v in sweep_params(config).items()})
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)

@@ -22,8 +22,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lsexp.store import (MAX_METRICS_PER_BATCH, MAX_PARAMS_PER_BATCH, client_for, ensure_experiment, resolve_uri,
-                         with_retry)
+from lsexp.store import MAX_METRICS_PER_BATCH, client_for, ensure_experiment, log_params, resolve_uri, with_retry
 
 ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
 
@@ -88,16 +87,12 @@ class MlflowRun:
 
     def __init__(self, uri: str, start_dir: str, experiment_name: str, run_name: str, tags: Dict[str, str],
                  params: Dict[str, str]):
-        from mlflow.entities import Param
-
         uri = resolve_uri(uri, start_dir)
         self.client = client_for(uri)
         experiment_id = ensure_experiment(self.client, experiment_name, uri)
         self.run_name = run_name
         self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
-        params_ = [Param(k, v) for k, v in params.items()]
-        for i in range(0, len(params_), MAX_PARAMS_PER_BATCH):
-            with_retry(self.client.log_batch, self.run_id, params=params_[i:i + MAX_PARAMS_PER_BATCH])
+        log_params(self.client, self.run_id, params)
         self.rows: List[dict] = []
 
     def log_steps(self, rows: List[dict], epoch_accuracy: List[dict]) -> None:
@@ -124,8 +119,6 @@ class MlflowRun:
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
             tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
-            if summary.get("device_target"):
-                tags.append(RunTag("lsexp.device_target", summary["device_target"]))
             if error:
                 tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
             with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
