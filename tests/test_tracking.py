@@ -222,6 +222,9 @@ def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, sig):
         output = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()
+    assert proc.returncode == 130, output
+    assert "Traceback" not in output
+    assert "lsexp: interrupted; the history so far is in" in output
     client, _, (run,) = runs(uri)
     assert run.info.status == "KILLED", output
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]

@@ -70,6 +70,10 @@ def run(cfg: DictConfig) -> dict:
     except tracking.TrackingError as err:
         print(f"lsexp: tracking error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
+    except KeyboardInterrupt:  # the history is written and the MLflow run ended by now
+        # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
+        print(f"lsexp: interrupted; the history so far is in {out_dir}", file=sys.stderr)
+        raise SystemExit(130) from None
     _report(summary, out_dir)
     return summary
 
