@@ -163,6 +163,20 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
     assert out.returncode == 2 and "no-such-experiment" in out.stderr
 
 
+def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
+    from lsexp.report import plot_run
+
+    rows = [{"step": i, "loss": 2.3, "loss_scale": 2.0 ** (24 - i // 10), "overflow": int(i % 10 == 0)}
+            for i in range(1, 60)]
+    plot_run(rows, "dynamic", tmp_path / "f.png")
+    import matplotlib.pyplot as plt
+
+    assert not plt.get_fignums() and (tmp_path / "f.png").stat().st_size > 10_000
+    from lsexp.report import _power_of_two
+
+    assert [_power_of_two(v) for v in (2.0 ** 24, 128.0, 1.0, 0.25, 3.0)] == ["2²⁴", "2⁷", "2⁰", "2⁻²", "3"]
+
+
 def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
     uri = store(tmp_path)
     out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",

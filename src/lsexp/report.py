@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import re
 import sys
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
                  "final_loss_scale", "diverged")
 
@@ -25,6 +27,13 @@ def _pyplot():
     return plt
 
 
+def _power_of_two(value: float, _pos=None) -> str:
+    """2²⁴ rather than matplotlib's mathtext $2^{24}$, which costs ~30 ms a figure to lay out:
+    the job waits for its run's figure."""
+    exponent = math.log2(value) if value > 0 else math.nan
+    return "2" + str(int(exponent)).translate(_SUPERSCRIPT) if exponent.is_integer() else f"{value:g}"
+
+
 def _axes(plt, title: str):
     fig, (ax_loss, ax_scale) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
     # fixed margins: constrained_layout costs more than the rest of the figure together
@@ -33,6 +42,7 @@ def _axes(plt, title: str):
     ax_loss.set_title(title)
     # log2, so a fixed 128 and a dynamic 2^24 are both readable on one axis
     ax_scale.set_yscale("log", base=2)
+    ax_scale.yaxis.set_major_formatter(_power_of_two)
     ax_scale.set_ylabel("loss scale (log2)")
     ax_scale.set_xlabel("step")
     return fig, ax_loss, ax_scale
