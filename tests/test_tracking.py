@@ -337,13 +337,15 @@ def test_a_job_killed_outright_still_ends_its_run(tmp_path):
 
 
 # --- the early tracking worker -----------------------------------------------------------------
-def _workers_in(cwd: Path):
-    """Tracking worker processes started from cwd (they inherit the command's directory)."""
+def _lsexp_processes_in(cwd: Path, besides: int = 0):
+    """lsexp processes started from cwd (they inherit the command's directory): a job, or a
+    tracking worker, forked from the job (same command line) or spawned (`-m lsexp.tracking_worker`)."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if b"lsexp.tracking_worker" in cmdline and Path(os.readlink(proc / "cwd")) == cwd:
+            if (any(part.startswith(b"lsexp") for part in cmdline) and Path(os.readlink(proc / "cwd")) == cwd
+                    and int(proc.name) != besides):
                 found.append(int(proc.name))
         except (OSError, ValueError):
             continue
@@ -351,7 +353,7 @@ def _workers_in(cwd: Path):
 
 
 def test_tracking_worker_imports_neither_hydra_nor_mindspore():
-    # it starts before Hydra composes the config; anything heavy it imports delays the run
+    # it is forked before Hydra composes the config; anything heavy it imports delays the run
     code = ("import sys, lsexp.tracking_worker; "
             "print(sorted(m for m in ('hydra', 'omegaconf', 'mindspore', 'mlflow') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -369,7 +371,7 @@ def _run_to_files(*args: str, cwd: Path) -> int:
 
 def test_a_rejected_config_leaves_no_tracking_worker_behind(tmp_path):
     assert _run_to_files("loss_scale=fixed_nodrop", "optimizer.loss_scale=1", cwd=tmp_path) == 2
-    assert _workers_in(tmp_path) == []  # stopped, not left to finish its mlflow import
+    assert _lsexp_processes_in(tmp_path) == []  # the worker stopped, not left to finish its mlflow import
     assert list(tmp_path.iterdir()) == []
 
 
@@ -387,7 +389,7 @@ def test_tracking_turned_off_by_a_config_file_stops_the_early_worker(tmp_path):
     while time.time() < deadline and not list(tmp_path.glob("outputs/*/*/.hydra/config.yaml")):
         time.sleep(0.05)
     time.sleep(1.0)  # the job has started (Hydra wrote its config) and is importing MindSpore or training
-    workers_while_training = _workers_in(tmp_path)
+    workers_while_training = _lsexp_processes_in(tmp_path, besides=proc.pid)
     assert proc.poll() is None, "the run ended before the check; give it more steps"
     assert proc.wait(timeout=300) == 0
     assert workers_while_training == []

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
@@ -83,7 +82,7 @@ class _WorkerTracker:
     """The job's side of the tracking worker: sends the history as it grows, waits at the end."""
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
-        self.proc = tracking_worker.claim()
+        self.worker = tracking_worker.claim()
         self.uri = configured_uri(cfg.tracking.uri)
         self.out_dir = out_dir
         tags = run_tags(cfg)
@@ -101,8 +100,7 @@ class _WorkerTracker:
         # A worker that died (its error is already on stderr) must not stop the training;
         # `end` reports it once the job's own records are written.
         try:
-            self.proc.stdin.write(json.dumps(msg) + "\n")
-            self.proc.stdin.flush()
+            self.worker.send(**msg)
         except (BrokenPipeError, ValueError):
             pass
 
@@ -116,10 +114,10 @@ class _WorkerTracker:
         message = f"{type(error).__name__}: {error}" if error is not None else None
         self._send(op="finish", status=status, error=message)
         try:
-            self.proc.stdin.close()
+            self.worker.messages.close()
         except BrokenPipeError:
             pass
-        if tracking_worker.wait(self.proc) != 0:
+        if self.worker.wait() != 0:
             raise TrackingError(f"tracking.uri={redact(str(self.uri))}: the run was not fully logged to MLflow "
                                 f"(see the line above); its records are in {self.out_dir}")
 
