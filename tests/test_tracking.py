@@ -353,11 +353,50 @@ def _lsexp_processes_in(cwd: Path, besides: int = 0):
 
 
 def test_tracking_worker_imports_neither_hydra_nor_mindspore():
-    # it is forked before Hydra composes the config; anything heavy it imports delays the run
-    code = ("import sys, lsexp.tracking_worker; "
-            "print(sorted(m for m in ('hydra', 'omegaconf', 'mindspore', 'mlflow') if m in sys.modules))")
+    # it is forked before Hydra composes the config; anything heavy it imports delays the run, and
+    # numpy must load only once the worker has limited OpenBLAS to one thread
+    code = ("import sys, lsexp.cli, lsexp.tracking_worker; print(sorted(m for m in "
+            "('hydra', 'omegaconf', 'mindspore', 'mlflow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_tracking_worker_keeps_to_one_core(tmp_path):
+    # numpy's OpenBLAS threads would spin beside it while it draws, on the cores the training needs
+    from lsexp.tracking_worker import Worker
+
+    uri = store(tmp_path, create=True)
+    worker = Worker.spawn()
+    worker.send(op="open", uri=uri, start_dir=str(tmp_path), out_dir=str(tmp_path), experiment_name="lsexp",
+                run_name="one-core", tags={}, params={})
+    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}], epoch_accuracy=[])
+    deadline = time.time() + 60
+    while time.time() < deadline and not _logged_steps(uri):
+        time.sleep(0.1)
+    busy = _cpu_seconds_of_other_threads(worker.pid)  # it has drawn its warm-up figure by now
+    worker.send(op="finish", status="FINISHED")
+    worker.messages.close()
+    assert worker.wait() == 0
+    assert busy < 0.05  # ~0.15 s when OpenBLAS threads spin through the warm-up figure
+    client, _, (run,) = runs(uri)
+    assert run.info.status == "FINISHED" and "loss_scale.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+
+
+def _cpu_seconds_of_other_threads(pid: int) -> float:
+    ticks = 0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        if int(task.name) != pid:
+            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _logged_steps(uri: str) -> int:
+    try:
+        client, _, found = runs(uri)
+    except Exception:  # the experiment does not exist yet
+        return 0
+    return sum(len(client.get_metric_history(r.info.run_id, "loss")) for r in found)
 
 
 def _run_to_files(*args: str, cwd: Path) -> int:

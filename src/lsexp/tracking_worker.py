@@ -200,6 +200,9 @@ def _one_line(err: BaseException) -> str:
 def serve(lines) -> int:
     """Serve one job's run from its messages: open, steps (once an epoch), finish."""
     os.nice(5)  # let training win when both want a core
+    # numpy's OpenBLAS threads spin after each call, taking a core from training for no gain: the
+    # worker's numpy work (the figure's transforms) is tiny. Read when numpy loads, which is below.
+    os.environ.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     # Import mlflow before the job's first message arrives: the job is still composing its config.
     import mlflow.tracking  # noqa: F401
 
