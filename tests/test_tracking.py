@@ -164,11 +164,11 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
 
 
 def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
-    from lsexp.report import plot_run
+    from lsexp.report import RunFigure
 
     rows = [{"step": i, "loss": 2.3, "loss_scale": 2.0 ** (24 - i // 10), "overflow": int(i % 10 == 0)}
             for i in range(1, 60)]
-    plot_run(rows, "dynamic", tmp_path / "f.png")
+    RunFigure("dynamic").save(rows, tmp_path / "f.png")
     import matplotlib.pyplot as plt
 
     assert not plt.get_fignums() and (tmp_path / "f.png").stat().st_size > 10_000

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import io
 import json
 import os
 import signal
@@ -146,6 +145,10 @@ class MlflowRun:
         self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
         log_params(self.client, self.run_id, params)
         self.rows: List[dict] = []
+        from lsexp.report import RunFigure
+
+        # Laid out now, while the job compiles, rather than after the training.
+        self.figure = RunFigure(run_name)
 
     def log_steps(self, rows: List[dict], epoch_accuracy: List[dict]) -> None:
         from mlflow.entities import Metric
@@ -175,9 +178,7 @@ class MlflowRun:
                 tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
             with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
             if self.rows:
-                from lsexp.report import plot_run
-
-                plot_run(self.rows, self.run_name, out_dir / "loss_scale.png")
+                self.figure.save(self.rows, out_dir / "loss_scale.png")
             for name in ARTIFACTS:
                 if (out_dir / name).exists():
                     with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
@@ -216,10 +217,6 @@ def serve(lines) -> int:
             if msg["op"] == "open":
                 out_dir = Path(msg.pop("out_dir"))
                 run = MlflowRun(**{k: v for k, v in msg.items() if k != "op"})
-                from lsexp.report import plot_run
-
-                # Load matplotlib and its fonts now, while the job compiles, rather than after it.
-                plot_run([{"step": 1, "loss": 1.0, "loss_scale": 1.0, "overflow": 1}], "", io.BytesIO())
             elif msg["op"] == "steps":
                 run.log_steps(msg["rows"], msg["epoch_accuracy"])
             elif msg["op"] == "finish":
