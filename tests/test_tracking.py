@@ -222,17 +222,27 @@ def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     assert "RUNNING" not in {r.info.status for r in found}
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, sig):
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGTERM to the process group", "SIGTERM twice"])
+def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, how):
+    # the command's process passes a signal on to the job; a group's kill reaches the job twice
     uri = store(tmp_path, create=True)
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
-                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not _running(uri):
             time.sleep(0.5)
         time.sleep(4)  # some steps into training
-        proc.send_signal(sig)
+        if how.endswith("group"):
+            os.killpg(proc.pid, signal.SIGTERM)
+        elif how.endswith("twice"):  # the second while the first is being handled
+            (job,) = [pid for pid in _lsexp_processes_in(tmp_path) if _parent(pid) == proc.pid]
+            for _ in range(2):
+                os.kill(job, signal.SIGTERM)
+                time.sleep(0.2)
+        else:
+            proc.send_signal(getattr(signal, how))
         output = proc.communicate(timeout=120)[0]
     finally:
         proc.kill()
@@ -246,6 +256,45 @@ def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, sig):
     assert 0 < len(rows) < 30 * 32
     assert len(client.get_metric_history(run.info.run_id, "loss")) == len(rows)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+
+
+def test_ctrl_c_in_a_terminal_ends_the_run_killed(tmp_path):
+    # the terminal sends SIGINT to its whole foreground process group: the command and its job
+    import fcntl
+    import termios
+
+    uri = store(tmp_path, create=True)
+    master, terminal = os.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
+                            cwd=tmp_path, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
+                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+    os.close(terminal)
+    output = b""
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not _running(uri):
+            time.sleep(0.5)
+        time.sleep(4)
+        os.write(master, b"\x03")
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # EIO: every process holding the terminal has gone
+                break
+            if not chunk:
+                break
+            output += chunk
+        proc.wait(timeout=120)
+    finally:
+        proc.kill()
+        os.close(master)
+    text = output.decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and text.count("lsexp: interrupted;") == 1, text
+    client, _, (run,) = runs(uri)
+    assert run.info.status == "KILLED"
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == len(read_history(run_dir / "history.csv"))
 
 
 def _running(uri: str) -> bool:
@@ -318,44 +367,75 @@ def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_pa
     assert json.loads((run_dir / "summary.json").read_text())["steps"] == 3
 
 
-def test_a_job_killed_outright_still_ends_its_run(tmp_path):
-    uri = store(tmp_path, create=True)
+def _start_and_train_a_while(tmp_path: Path, uri: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
     while time.time() < deadline and not _running(uri):
         time.sleep(0.5)
     time.sleep(5)  # past the first epochs, which are streamed to the store as they end
-    proc.kill()  # SIGKILL: no handler, no finally
-    proc.wait(timeout=30)
-    deadline = time.time() + 60
-    while time.time() < deadline and _running(uri):
-        time.sleep(0.5)
-    client, _, (run,) = runs(uri)
+    return proc
+
+
+def test_a_job_killed_outright_still_ends_its_run(tmp_path):
+    uri = store(tmp_path, create=True)
+    proc = _start_and_train_a_while(tmp_path, uri)
+    (job,) = [pid for pid in _lsexp_processes_in(tmp_path) if _parent(pid) == proc.pid]
+    os.kill(job, signal.SIGKILL)  # no handler, no finally
+    assert proc.wait(timeout=60) == 128 + signal.SIGKILL  # as a shell reports it
+    client, _, (run,) = runs(uri)  # the command has waited for the worker
     assert run.info.status == "KILLED"
     assert len(client.get_metric_history(run.info.run_id, "loss")) >= 32
 
 
+def test_the_command_killed_outright_stops_the_job_with_its_history(tmp_path):
+    # the job runs in a child of the command's process; the kernel sends it SIGTERM when that dies
+    uri = store(tmp_path, create=True)
+    proc = _start_and_train_a_while(tmp_path, uri)
+    proc.kill()
+    proc.wait(timeout=30)
+    deadline = time.time() + 60
+    while time.time() < deadline and (_running(uri) or _lsexp_processes_in(tmp_path)):
+        time.sleep(0.5)
+    client, _, (run,) = runs(uri)
+    assert run.info.status == "KILLED"
+    (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
+    rows = read_history(run_dir / "history.csv")
+    assert len(client.get_metric_history(run.info.run_id, "loss")) == len(rows) > 32
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "killed"
+
+
 # --- the early tracking worker -----------------------------------------------------------------
-def _lsexp_processes_in(cwd: Path, besides: int = 0):
-    """lsexp processes started from cwd (they inherit the command's directory): a job, or a
-    tracking worker, forked from the job (same command line) or spawned (`-m lsexp.tracking_worker`)."""
+def _lsexp_processes_in(cwd: Path, workers_only: bool = False):
+    """lsexp processes started from cwd (they inherit the command's directory): the command, its
+    job, tracking workers. A forked worker has the command's command line; any worker leads a
+    session of its own."""
     found = []
     for proc in Path("/proc").iterdir():
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            if (any(part.startswith(b"lsexp") for part in cmdline) and Path(os.readlink(proc / "cwd")) == cwd
-                    and int(proc.name) != besides):
-                found.append(int(proc.name))
+            if any(part.startswith(b"lsexp") for part in cmdline) and Path(os.readlink(proc / "cwd")) == cwd:
+                session = int(_stat(int(proc.name))[3])
+                if not workers_only or session == int(proc.name):
+                    found.append(int(proc.name))
         except (OSError, ValueError):
             continue
     return found
 
 
-def test_tracking_worker_imports_neither_hydra_nor_mindspore():
-    # it is forked before Hydra composes the config; anything heavy it imports delays the run, and
+def _stat(pid: int):
+    """/proc/<pid>/stat's fields after the command name: state, ppid, pgrp, session, ..."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+
+
+def _parent(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def test_what_runs_before_hydra_imports_nothing_heavy():
+    # they run before Hydra composes the config; anything heavy they import delays the run, and
     # numpy must load only once the worker has limited OpenBLAS to one thread
-    code = ("import sys, lsexp.cli, lsexp.tracking_worker; print(sorted(m for m in "
+    code = ("import sys, lsexp.cli, lsexp.supervisor, lsexp.tracking_worker; print(sorted(m for m in "
             "('hydra', 'omegaconf', 'mindspore', 'mlflow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -428,7 +508,7 @@ def test_tracking_turned_off_by_a_config_file_stops_the_early_worker(tmp_path):
     while time.time() < deadline and not list(tmp_path.glob("outputs/*/*/.hydra/config.yaml")):
         time.sleep(0.05)
     time.sleep(1.0)  # the job has started (Hydra wrote its config) and is importing MindSpore or training
-    workers_while_training = _lsexp_processes_in(tmp_path, besides=proc.pid)
+    workers_while_training = _lsexp_processes_in(tmp_path, workers_only=True)
     assert proc.poll() is None, "the run ended before the check; give it more steps"
     assert proc.wait(timeout=300) == 0
     assert workers_while_training == []

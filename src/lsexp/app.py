@@ -45,14 +45,16 @@ class ValidateOnRunStart(Callback):
 
 
 def _terminate_as_interrupt(signum, frame):
+    # The first one only: a second Ctrl-C, or a kill of the whole process group (which the
+    # supervisor also passes on), must not cut short the writing of the history and the run.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
-    from lsexp import tracking
-
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
     if cfg.amp.level == "O0":
@@ -67,9 +69,6 @@ def run(cfg: DictConfig) -> dict:
         pass
     try:
         summary = _track_and_train(cfg, out_dir)
-    except tracking.TrackingError as err:
-        print(f"lsexp: tracking error: {err}", file=sys.stderr)
-        raise SystemExit(1) from None
     except KeyboardInterrupt:  # the history is written and the MLflow run ended by now
         # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
         print(f"lsexp: interrupted; the history so far is in {out_dir}", file=sys.stderr)

@@ -10,9 +10,14 @@ def main() -> None:
         sys.exit(report(sys.argv[2:]))
     from lsexp import tracking_worker
 
-    # Before Hydra is even imported: the worker's ~1.5 s of mlflow imports then overlap Hydra's
-    # and MindSpore's, while the job still uses one core.
-    tracking_worker.start_early(sys.argv[1:])
+    if tracking_worker.wanted(sys.argv[1:]):
+        from lsexp import supervisor
+
+        # The job runs in a child, so that its teardown overlaps the worker's last writes.
+        report_fd = supervisor.fork_job()
+        # Before Hydra is even imported: the worker's ~1.5 s of mlflow imports then overlap Hydra's
+        # and MindSpore's, while the job still uses one core.
+        tracking_worker.start_early(report_fd)
     from lsexp.app import main as app
 
     app()

@@ -83,8 +83,6 @@ class _WorkerTracker:
 
     def __init__(self, cfg: DictConfig, out_dir: Path):
         self.worker = tracking_worker.claim()
-        self.uri = configured_uri(cfg.tracking.uri)
-        self.out_dir = out_dir
         tags = run_tags(cfg)
         parent = _sweep_parent_run_id()
         if parent:
@@ -117,9 +115,12 @@ class _WorkerTracker:
             self.worker.messages.close()
         except BrokenPipeError:
             pass
-        if self.worker.wait() != 0:
-            raise TrackingError(f"tracking.uri={redact(str(self.uri))}: the run was not fully logged to MLflow "
-                                f"(see the line above); its records are in {self.out_dir}")
+        # A single run hands its run over: the supervisor waits for the worker while this process
+        # tears down. A sweep's job waits, so the next job and the sweep's comparison find it closed.
+        if self.worker.supervised and not _in_sweep():
+            return
+        if self.worker.wait() != 0:  # the worker has said why
+            raise SystemExit(1)
 
 
 @contextlib.contextmanager
@@ -147,13 +148,14 @@ def tracker(cfg: DictConfig, out_dir: Path) -> Iterator[Any]:
 
 
 # --- sweeps -----------------------------------------------------------------------------------
+def _in_sweep() -> bool:
+    return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
+
+
 def _sweep_parent_run_id() -> Optional[str]:
-    if not HydraConfig.initialized():
+    if not _in_sweep():
         return None
-    hc = HydraConfig.get()
-    if str(hc.mode) != "RunMode.MULTIRUN":
-        return None
-    path = Path(hc.sweep.dir) / PARENT_FILE
+    path = Path(HydraConfig.get().sweep.dir) / PARENT_FILE
     return path.read_text().strip() if path.exists() else None
 
 

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
-from lsexp.store import MAX_METRICS_PER_BATCH, client_for, ensure_experiment, log_params, resolve_uri, with_retry
+from lsexp.store import (MAX_METRICS_PER_BATCH, client_for, configured_uri, ensure_experiment, log_params, redact,
+                         resolve_uri, with_retry)
 
 ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
 
@@ -38,8 +39,10 @@ _NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i
 class Worker:
     """The job's handle on a tracking worker: a pipe for its messages, a pipe for its done line."""
 
-    def __init__(self, pid: int, messages: TextIO, done: TextIO, popen: Optional[subprocess.Popen] = None):
+    def __init__(self, pid: int, messages: TextIO, done: TextIO, popen: Optional[subprocess.Popen] = None,
+                 supervised: bool = False):
         self.pid, self.messages, self.done, self._popen = pid, messages, done, popen
+        self.supervised = supervised  # it also reports to the command's supervisor, which waits for it
 
     @classmethod
     def spawn(cls) -> "Worker":
@@ -49,9 +52,10 @@ class Worker:
         return cls(proc.pid, proc.stdin, proc.stdout, proc)
 
     @classmethod
-    def fork(cls) -> "Worker":
+    def fork(cls, report_fd: Optional[int] = None) -> "Worker":
         """A copy of this process, for a worker started before anything heavy is imported: it skips
-        a new interpreter's start-up (~75 ms of CPU) and begins importing mlflow that much sooner."""
+        a new interpreter's start-up (~75 ms of CPU) and begins importing mlflow that much sooner.
+        It writes its exit code to report_fd, the supervisor's pipe, if there is one."""
         if not hasattr(os, "fork"):
             return cls.spawn()
         messages_r, messages_w = os.pipe()
@@ -63,12 +67,14 @@ class Worker:
                 os.close(done_r)
                 os.setsid()  # as spawn does
                 os.dup2(2, 1)  # a library's prints go to stderr, as in spawn, not into the job's stdout
-                main(open(messages_r), open(done_w, "w"))
+                main(open(messages_r), open(done_w, "w"), report_fd)
             finally:
                 os._exit(1)
         os.close(messages_r)
         os.close(done_w)
-        return cls(pid, open(messages_w, "w"), open(done_r))
+        if report_fd is not None:
+            os.close(report_fd)  # the worker's copy is the one the supervisor waits on
+        return cls(pid, open(messages_w, "w"), open(done_r), supervised=report_fd is not None)
 
     def send(self, **msg: Any) -> None:
         self.messages.write(json.dumps(msg) + "\n")
@@ -100,16 +106,19 @@ class Worker:
         return os.waitstatus_to_exitcode(status) if pid else None
 
 
-def start_early(argv: List[str]) -> None:
-    """Fork a worker before Hydra composes the config, unless the command line turns tracking
-    off or only asks Hydra for help or the config. One that the run does not claim is stopped
-    before it has touched any store."""
-    global _early
+def wanted(argv: List[str]) -> bool:
+    """Whether a command line may track: not if it turns tracking off or only asks Hydra for
+    help or the config."""
     if any(arg in ("tracking=none", "tracking.backend=none") for arg in argv):
-        return
-    if any(arg.partition("=")[0] in _NO_RUN_FLAGS for arg in argv):
-        return
-    _early = Worker.fork()
+        return False
+    return not any(arg.partition("=")[0] in _NO_RUN_FLAGS for arg in argv)
+
+
+def start_early(report_fd: Optional[int]) -> None:
+    """Fork a worker before Hydra composes the config. One that the run does not claim is
+    stopped before it has touched any store."""
+    global _early
+    _early = Worker.fork(report_fd)
     atexit.register(discard)
 
 
@@ -209,13 +218,14 @@ def serve(lines) -> int:
 
     run: Optional[MlflowRun] = None
     out_dir: Optional[Path] = None
+    uri: Optional[str] = None
     # What the run ends as if the job's process goes away without saying: its input just closes.
     status, error, code = "KILLED", "the lsexp process ended without closing its run", 0
     try:
         for line in lines:
             msg = json.loads(line)
             if msg["op"] == "open":
-                out_dir = Path(msg.pop("out_dir"))
+                out_dir, uri = Path(msg.pop("out_dir")), msg["uri"]
                 run = MlflowRun(**{k: v for k, v in msg.items() if k != "op"})
             elif msg["op"] == "steps":
                 run.log_steps(msg["rows"], msg["epoch_accuracy"])
@@ -231,15 +241,21 @@ def serve(lines) -> int:
         except Exception as err:
             print(f"lsexp: tracking error: {_one_line(err)}", file=sys.stderr)
             code = 1
+    if code and out_dir is not None:  # here, not in the job, which may have handed the run over
+        print(f"lsexp: tracking error: tracking.uri={redact(configured_uri(uri))}: the run was not fully logged "
+              f"to MLflow (see the line above); its records are in {out_dir}", file=sys.stderr)
     return code
 
 
-def main(lines: TextIO, done: TextIO) -> None:
-    """Serve, say done on the done channel, and exit."""
+def main(lines: TextIO, done: TextIO, report_fd: Optional[int] = None) -> None:
+    """Serve, say done on the done channel (and to the supervisor), and exit."""
     sys.stdout = sys.stderr  # the done channel carries the done line alone; a library's prints go to stderr
     code = serve(lines)
     sys.stderr.flush()
-    print(DONE, code, file=done, flush=True)
+    with contextlib.suppress(BrokenPipeError):  # a job that handed its run over may be gone
+        print(DONE, code, file=done, flush=True)
+    if report_fd is not None:
+        os.write(report_fd, f"{code}\n".encode())
     # Everything is committed; skip the interpreter teardown (~0.5 s with mlflow and matplotlib
     # loaded), which the job would otherwise wait for.
     os._exit(code)
