@@ -415,7 +415,7 @@ def _lsexp_processes_in(cwd: Path, workers_only: bool = False):
         try:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
             if any(part.startswith(b"lsexp") for part in cmdline) and Path(os.readlink(proc / "cwd")) == cwd:
-                session = int(_stat(int(proc.name))[3])
+                session = int(_stat(proc)[3])
                 if not workers_only or session == int(proc.name):
                     found.append(int(proc.name))
         except (OSError, ValueError):
@@ -423,13 +423,14 @@ def _lsexp_processes_in(cwd: Path, workers_only: bool = False):
     return found
 
 
-def _stat(pid: int):
-    """/proc/<pid>/stat's fields after the command name: state, ppid, pgrp, session, ..."""
-    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+def _stat(proc: Path):
+    """The fields of a /proc/<pid> (or /proc/<pid>/task/<tid>) stat file after the command name:
+    state, ppid, pgrp, session, ..."""
+    return (proc / "stat").read_text().rpartition(")")[2].split()
 
 
 def _parent(pid: int) -> int:
-    return int(_stat(pid)[1])
+    return int(_stat(Path(f"/proc/{pid}"))[1])
 
 
 def test_what_runs_before_hydra_imports_nothing_heavy():
@@ -466,7 +467,7 @@ def _cpu_seconds_of_other_threads(pid: int) -> float:
     ticks = 0
     for task in Path(f"/proc/{pid}/task").iterdir():
         if int(task.name) != pid:
-            fields = (task / "stat").read_text().rpartition(")")[2].split()
+            fields = _stat(task)
             ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
 
