@@ -5,11 +5,12 @@ import sys
 
 import pytest
 
-from lsexp.config import ConfigError, optimizer_loss_scale, strategy, total_steps, validate
+from lsexp import paths
+from lsexp.config import ConfigError, known_num_train, optimizer_loss_scale, strategy, total_steps, validate
 from conftest import compose_cfg, run_cli
 
 OPTIONS = {
-    "model": ["lenet5", "mlp"],
+    "model": ["lenet5", "mlp", "resnet"],
     "dataset": ["synthetic", "digits"],
     "amp": ["O0", "O1", "O2", "O3"],
     "loss_scale": ["fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog"],
@@ -24,15 +25,37 @@ def test_every_option_composes_and_validates(group, option):
     validate(compose_cfg(f"{group}={option}"))
 
 
+@pytest.mark.parametrize("dataset", ["sequence", "text"])
+def test_the_transformer_takes_its_task_and_sizes_from_token_data(dataset, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("abcab" * 500, encoding="utf-8")
+    cfg = compose_cfg("model=transformer", f"dataset={dataset}", *([f"dataset.path={text}"] if dataset == "text" else []))
+    validate(cfg)
+    expected = ("classify", 16, 16, 8) if dataset == "sequence" else ("lm", 3, 3, 64)
+    assert (cfg.model.task, cfg.model.vocab_size, cfg.model.num_class, cfg.model.max_len) == expected
+
+
+def test_every_family_has_its_schema_beside_its_code():
+    from lsexp import families
+
+    assert set(families.schemas("model")) >= {"lenet5", "mlp", "resnet", "transformer"}
+    assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder", "text",
+                                                "sequence"}
+    for group in families.PACKAGES:
+        for name, module in families.schemas(group).items():
+            assert (paths.conf_dir() / group / f"{name}.yaml").is_file(), name
+            assert families.of(group, module.SCHEMA._target_) is module
+
+
 def test_defaults_are_the_seed_first_setup():
     cfg = compose_cfg()
-    assert cfg.model._target_ == "lsexp.model.LeNet5"
+    assert cfg.model._target_ == "lsexp.models.lenet5.LeNet5"
     assert cfg.dataset.num_samples == 1024 and cfg.dataset.batch_size == 32 and cfg.dataset.drop_remainder
     assert cfg.amp.level == "O0"
     assert strategy(cfg) == "fixed_drop"
     assert cfg.loss_scale.loss_scale == 128.0 and cfg.loss_scale.drop_overflow_update is True
     assert cfg.optimizer.learning_rate == 0.01 and cfg.optimizer.momentum == 0.9
-    assert cfg.train.epochs == 10 and total_steps(cfg) == 320
+    assert cfg.train.epochs == 10 and total_steps(cfg, known_num_train(cfg)) == 320
     assert cfg.device.device_target == "CPU"
 
 

@@ -450,7 +450,7 @@ def test_tracking_worker_keeps_to_one_core(tmp_path):
     worker = Worker.spawn()
     worker.send(op="open", uri=uri, start_dir=str(tmp_path), out_dir=str(tmp_path), experiment_name="lsexp",
                 run_name="one-core", tags={}, params={})
-    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}], epoch_accuracy=[])
+    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}], epoch_eval=[])
     deadline = time.time() + 60
     while time.time() < deadline and not _logged_steps(uri):
         time.sleep(0.1)

@@ -13,7 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from lsexp import paths
+from lsexp import families, paths
 from lsexp.config import ConfigError, optimizer_loss_scale, register_configs, validate
 
 log = logging.getLogger("lsexp")
@@ -23,8 +23,22 @@ register_configs()
 def _exit_on_config_error(cfg: DictConfig) -> None:
     try:
         validate(cfg)
+        if families.of("model", cfg.model._target_) is None or families.of("dataset", cfg.dataset._target_) is None:
+            # A user's own model or data set: what its schema cannot tell, one traced batch does.
+            from lsexp.training import trace_shapes
+
+            trace_shapes(cfg)
     except ConfigError as err:
         print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _exit_unless_creatable(key: str, folder: str) -> None:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"lsexp: config error: {key}={folder}: cannot create it ({err.strerror}); "
+              f"point {key} at a folder you can write", file=sys.stderr)
         raise SystemExit(2) from None
 
 
@@ -42,6 +56,10 @@ class ValidateOnRunStart(Callback):
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_on_config_error(config)
         _exit_on_unreachable_tracking(config)
+        _exit_unless_creatable("hydra.run.dir", config.hydra.run.dir)
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
 
 
 def _terminate_as_interrupt(signum, frame):

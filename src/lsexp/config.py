@@ -15,8 +15,11 @@ from typing import List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from lsexp import paths
+from lsexp import families, paths
+from lsexp.datasets import DatasetConfig
+from lsexp.models import ModelConfig
 from lsexp.store import redact
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
@@ -24,51 +27,6 @@ AMP_DTYPES = ("float16", "bfloat16")
 MODES = ("graph", "pynative")
 FIXED_MANAGER = "mindspore.amp.FixedLossScaleManager"
 DYNAMIC_MANAGER = "mindspore.amp.DynamicLossScaleManager"
-
-
-# --- model -----------------------------------------------------------------------------------
-@dataclass
-class ModelConfig:
-    _target_: str = MISSING
-    num_class: int = "${dataset.num_classes}"  # type: ignore[assignment]
-    num_channel: int = "${dataset.num_channel}"  # type: ignore[assignment]
-
-
-@dataclass
-class LeNet5Config(ModelConfig):
-    _target_: str = "lsexp.model.LeNet5"
-
-
-@dataclass
-class MLPConfig(ModelConfig):
-    _target_: str = "lsexp.model.MLP"
-    image_size: int = "${dataset.image_size}"  # type: ignore[assignment]
-    hidden_units: List[int] = field(default_factory=lambda: [256, 128])
-
-
-# --- dataset ---------------------------------------------------------------------------------
-@dataclass
-class DatasetConfig:
-    _target_: str = MISSING
-    batch_size: int = 32
-    drop_remainder: bool = True
-    shuffle: bool = True
-    num_classes: int = 10
-    num_channel: int = 1
-    image_size: int = 32
-    seed: int = "${train.seed}"  # type: ignore[assignment]
-
-
-@dataclass
-class SyntheticConfig(DatasetConfig):
-    _target_: str = "lsexp.data.synthetic"
-    num_samples: int = 1024
-
-
-@dataclass
-class DigitsConfig(DatasetConfig):
-    _target_: str = "lsexp.data.digits"
-    val_fraction: float = 0.2
 
 
 # --- amp -------------------------------------------------------------------------------------
@@ -163,11 +121,10 @@ class Config:
 def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="base_config", node=Config)
+    for group in families.PACKAGES:
+        for name, module in families.schemas(group).items():
+            cs.store(group=group, name=f"base_{name}", node=module.SCHEMA)
     for group, name, node in [
-        ("model", "base_lenet5", LeNet5Config),
-        ("model", "base_mlp", MLPConfig),
-        ("dataset", "base_synthetic", SyntheticConfig),
-        ("dataset", "base_digits", DigitsConfig),
         ("amp", "base_amp", AmpConfig),
         ("loss_scale", "base_fixed", FixedLossScaleConfig),
         ("loss_scale", "base_dynamic", DynamicLossScaleConfig),
@@ -203,16 +160,20 @@ def optimizer_loss_scale(cfg: DictConfig) -> float:
     return manager_scale(cfg) if strategy(cfg) == "fixed_nodrop" else 1.0
 
 
-def steps_per_epoch(cfg: DictConfig) -> int:
-    from lsexp.data import num_train_samples
-
-    n, b = num_train_samples(cfg.dataset), cfg.dataset.batch_size
-    return n // b if cfg.dataset.drop_remainder else -(-n // b)
+def steps_per_epoch(cfg: DictConfig, num_train: int) -> int:
+    b = cfg.dataset.batch_size
+    return num_train // b if cfg.dataset.drop_remainder else -(-num_train // b)
 
 
-def total_steps(cfg: DictConfig) -> int:
-    steps = cfg.train.epochs * steps_per_epoch(cfg)
+def total_steps(cfg: DictConfig, num_train: int) -> int:
+    steps = cfg.train.epochs * steps_per_epoch(cfg, num_train)
     return min(steps, cfg.train.max_steps) if cfg.train.max_steps is not None else steps
+
+
+def known_num_train(cfg: DictConfig) -> Optional[int]:
+    """The training-set size, from the config and the files' headers; None for a user's own data set."""
+    family = families.of("dataset", cfg.dataset._target_)
+    return family.num_train(cfg.dataset) if family is not None else None
 
 
 def model_name(cfg: DictConfig) -> str:
@@ -287,10 +248,8 @@ def validate(cfg: DictConfig) -> None:
     d = cfg.dataset
     if d.batch_size < 1:
         p.append(f"dataset.batch_size={d.batch_size}: must be >= 1; e.g. 32")
-    if "num_samples" in d and d.num_samples < max(d.batch_size, 1):
-        p.append(f"dataset.num_samples={d.num_samples}: fewer than one batch of {d.batch_size}; raise it")
-    if "val_fraction" in d and not 0 < d.val_fraction < 1:
-        p.append(f"dataset.val_fraction={d.val_fraction}: must be between 0 and 1; e.g. 0.2")
+    workload = _workload_problems(cfg) if d.batch_size >= 1 else []
+    p += workload
 
     t = cfg.train
     if t.epochs < 1:
@@ -304,8 +263,9 @@ def validate(cfg: DictConfig) -> None:
     if t.resume is not None and not Path(t.resume).is_file():
         p.append(f"train.resume={t.resume}: no such checkpoint file; give the path of a checkpoint.ckpt")
 
-    if not p:  # the step count needs a sane dataset and train section
-        n = total_steps(cfg)
+    num_train = known_num_train(cfg) if not p else None
+    if num_train is not None:  # the step count needs a sane dataset and train section
+        n = total_steps(cfg, num_train)
         if n < 1:
             p.append(f"dataset.batch_size={d.batch_size}: larger than the data, so the run has no step")
         outside = [k for k in cfg.inject.overflow_steps if not 1 <= k <= n]
@@ -325,4 +285,28 @@ def validate(cfg: DictConfig) -> None:
     p += device_problems(cfg.device)
     if p:
         raise ConfigError(p)
+
+
+def _workload_problems(cfg: DictConfig) -> List[str]:
+    """The data set's files and keys, then whether the model can take what the data set gives."""
+    dataset, model = families.of("dataset", cfg.dataset._target_), families.of("model", cfg.model._target_)
+    p = list(getattr(dataset, "problems", lambda _: [])(cfg))
+    if p:  # the model's sizes come from the data set, so they mean nothing yet
+        return p
+    try:
+        m = OmegaConf.to_container(cfg.model, resolve=True)
+    except OmegaConfBaseException as err:
+        key = re.search(r"dataset\.(\w+)", str(err))
+        kind = "model=transformer for token data" if "vocab_size" in cfg.dataset else "an image model, e.g. model=resnet"
+        return [f"model._target_={cfg.model._target_}: takes dataset.{key.group(1) if key else '?'}, which "
+                f"dataset._target_={cfg.dataset._target_} does not have; pick a model made for this data set: {kind}"]
+    if m.get("num_class", 1) < 1:
+        p.append(f"model.num_class={m['num_class']}: a classifier needs >= 1 class; leave it to the data set")
+    for key, data_key in (("num_channel", "num_channel"), ("image_size", "image_size")):
+        if key in m and data_key in cfg.dataset and m[key] != cfg.dataset[data_key]:
+            p.append(f"model.{key}={m[key]} but dataset.{data_key}={cfg.dataset[data_key]}: the model would not "
+                     f"fit the data; set them equal, or leave model.{key} to follow the data set")
+    if model is not None and not p:
+        p += getattr(model, "problems", lambda _: [])(cfg)
+    return p
 

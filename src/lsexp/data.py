@@ -1,73 +1,167 @@
-"""The data sets, held in memory as numpy arrays and served as batches in a seeded order.
+"""What a `dataset` option becomes: batches in a seeded order, and a held-out split to evaluate on.
 
-Both data sets are a few MB, so a MindSpore dataset pipeline (worker threads competing with the
-training step for two cores) buys nothing. Keeping the order a pure function of (seed, epoch) is
-what lets a resumed run see exactly the batches an uninterrupted run would.
+Two kinds, one contract:
+- `Arrays`: numpy arrays in memory (the seed's synthetic data, scikit-learn's digits, a user's arrays);
+  a few MB, where a pipeline's worker threads would only compete with the step for two cores.
+- `Pipeline`: a `mindspore.dataset` pipeline (the built-in loaders, `GeneratorDataset`, `map`, `batch`)
+  for real data, streamed so that no float32 copy of a whole data set is ever held.
+
+In both, an epoch's sample order is `epoch_order(seed, epoch)`, applied as a `SubsetSampler` to the
+pipeline's loader, so a run resumed mid-epoch sees exactly the batches an uninterrupted run would.
+Labels are one-hot float32 (the seed's `SoftmaxCrossEntropyWithLogits(sparse=False)`), per sequence
+or, for a language model, per position.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, Optional, Tuple
 
 import numpy as np
 
-# scikit-learn's bundled copy of the UCI digits; its size is part of the package, not a download.
-DIGITS_SAMPLES = 1797
+CLASSIFY, LM = "classify", "lm"
 
 
-@dataclass
-class Data:
-    x: np.ndarray  # float32, (N, C, H, W)
-    y: np.ndarray  # float32 one-hot, (N, num_classes)
-    x_val: Optional[np.ndarray] = None
-    y_val: Optional[np.ndarray] = None  # int labels
+def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    return np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
 
 
-def _one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
+def _epoch_slice(n: int, d, epoch: int, start: int) -> np.ndarray:
+    """The positions (into 0..n-1) of one epoch's samples, from batch `start` on."""
+    stop = n - n % d.batch_size if d.drop_remainder else n
+    return epoch_order(n, d.seed, epoch, d.shuffle)[start * d.batch_size:stop]
+
+
+def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:
     return np.eye(num_classes, dtype=np.float32)[labels]
 
 
-def synthetic(num_samples=1024, num_classes=10, num_channel=1, image_size=32, seed=1, **_) -> Data:
-    """The seed article's data: N(0,1) images with uniform random labels, one-hot."""
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((num_samples, num_channel, image_size, image_size), dtype=np.float32)
-    labels = rng.integers(0, num_classes, size=num_samples)
-    return Data(x, _one_hot(labels, num_classes))
+@dataclass
+class Arrays:
+    x: np.ndarray  # (N, ...) model inputs
+    y: np.ndarray  # float32 one-hot, (N, num_classes)
+    x_val: Optional[np.ndarray] = None
+    y_val: Optional[np.ndarray] = None  # int labels
+    task: str = CLASSIFY
+    reference_loss: Optional[float] = None
+
+    @property
+    def num_train(self) -> int:
+        return len(self.x)
+
+    @property
+    def has_eval(self) -> bool:
+        return self.x_val is not None
+
+    def batches(self, d, epoch: int, start: int) -> Iterator[Tuple[Any, Any]]:
+        from mindspore import Tensor
+
+        idx = _epoch_slice(len(self.x), d, epoch, start)
+        for lo in range(0, len(idx), d.batch_size):
+            part = idx[lo:lo + d.batch_size]
+            yield Tensor(self.x[part]), Tensor(self.y[part])
+
+    def eval_batches(self, size: int) -> Iterator[Tuple[Any, np.ndarray]]:
+        from mindspore import Tensor
+
+        for lo in range(0, len(self.x_val), size):
+            yield Tensor(self.x_val[lo:lo + size]), self.y_val[lo:lo + size]
 
 
-def digits(val_fraction=0.2, num_classes=10, num_channel=1, image_size=32, seed=1, **_) -> Data:
-    """scikit-learn's 8x8 digits, nearest-neighbour upscaled to image_size and standardised."""
-    from sklearn.datasets import load_digits
+@dataclass
+class Pipeline:
+    """`source(sampler)` is the unbatched, mapped pipeline over the records the sampler picks, with
+    one-hot labels; `train_ids` / `eval_ids` are the records of each split."""
 
-    bunch = load_digits()
-    assert len(bunch.target) == DIGITS_SAMPLES
-    reps = image_size // 8
-    images = bunch.images.astype(np.float32).repeat(reps, axis=1).repeat(reps, axis=2)
-    pad = image_size - images.shape[1]
-    images = np.pad(images, ((0, 0), (pad // 2, pad - pad // 2), (pad // 2, pad - pad // 2)))
-    images = (images - images.mean()) / images.std()
-    x = np.repeat(images[:, None], num_channel, axis=1)
-    order = np.random.default_rng(seed).permutation(len(x))
-    n_val = int(round(len(x) * val_fraction))
-    val, train = order[:n_val], order[n_val:]
-    labels = bunch.target
-    return Data(x[train], _one_hot(labels[train], num_classes), x[val], labels[val].astype(np.int32))
+    source: Callable[[Any], Any]
+    train_ids: np.ndarray
+    eval_source: Optional[Callable[[Any], Any]] = None
+    eval_ids: Optional[np.ndarray] = None
+    task: str = CLASSIFY
+    reference_loss: Optional[float] = None  # e.g. a text's unigram entropy, the loss to beat
+
+    @property
+    def num_train(self) -> int:
+        return len(self.train_ids)
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_source is not None and len(self.eval_ids) > 0
+
+    def batches(self, d, epoch: int, start: int) -> Iterator[Tuple[Any, Any]]:
+        ids = self.train_ids[_epoch_slice(len(self.train_ids), d, epoch, start)]
+        if len(ids) == 0:
+            return iter(())
+        return _iterate(self.source, ids, d.batch_size, d.drop_remainder)
+
+    def eval_batches(self, size: int) -> Iterator[Tuple[Any, np.ndarray]]:
+        for x, y in _iterate(self.eval_source, self.eval_ids, size, False):
+            yield x, y.asnumpy().argmax(axis=-1)
 
 
-def num_train_samples(dataset_cfg) -> int:
-    """The training-set size a config implies, without building the data."""
-    if "num_samples" in dataset_cfg:
-        return int(dataset_cfg.num_samples)
-    return DIGITS_SAMPLES - int(round(DIGITS_SAMPLES * dataset_cfg.val_fraction))
+def _iterate(source, ids: np.ndarray, batch_size: int, drop_remainder: bool):
+    import mindspore.dataset as ds
+
+    dataset = source(ds.SubsetSampler(ids.tolist())).batch(batch_size, drop_remainder=drop_remainder)
+    # A fresh one-epoch iterator per epoch: the sampler carries that epoch's order. Tensors, not
+    # numpy, so the step takes the batch without another copy.
+    return dataset.create_tuple_iterator(num_epochs=1, output_numpy=False, do_copy=False)
 
 
-def batches(data: Data, batch_size: int, epoch: int, *, shuffle: bool, drop_remainder: bool, seed: int,
-            start: int = 0) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
-    """The batches of one epoch (0-based), from batch index `start` on."""
-    n = len(data.x)
-    order = np.random.default_rng([seed, epoch]).permutation(n) if shuffle else np.arange(n)
-    stop = n - n % batch_size if drop_remainder else n
-    for lo in range(start * batch_size, stop, batch_size):
-        idx = order[lo:lo + batch_size]
-        yield data.x[idx], data.y[idx]
+class UserPipeline:
+    """A `mindspore.dataset.Dataset` from a user's `dataset._target_`: (data, int label) per sample,
+    in the order the user's own sampler gives; lsexp adds the one-hot labels and the batching."""
+
+    task = CLASSIFY
+    reference_loss = None
+
+    def __init__(self, train, evaluate, num_classes: int):
+        self.train, self.evaluate, self.num_classes = train, evaluate, num_classes
+
+    @property
+    def num_train(self) -> int:
+        return self.train.get_dataset_size()
+
+    @property
+    def has_eval(self) -> bool:
+        return self.evaluate is not None
+
+    def _prepared(self, dataset):
+        import mindspore as ms
+        from mindspore.dataset import transforms
+
+        columns = dataset.get_col_names()
+        return dataset.map([transforms.OneHot(self.num_classes), transforms.TypeCast(ms.float32)],
+                           input_columns=columns[-1])
+
+    def batches(self, d, epoch: int, start: int):
+        dataset = self._prepared(self.train)
+        if start:
+            dataset = dataset.skip(start * d.batch_size)
+        dataset = dataset.batch(d.batch_size, drop_remainder=d.drop_remainder)
+        return dataset.create_tuple_iterator(num_epochs=1, output_numpy=False, do_copy=False)
+
+    def eval_batches(self, size: int):
+        dataset = self._prepared(self.evaluate).batch(size)
+        for x, y in dataset.create_tuple_iterator(num_epochs=1, output_numpy=False):
+            yield x, y.asnumpy().argmax(axis=-1)
+
+
+def as_data(obj, d):
+    """What a dataset `_target_` returned, as one of the kinds above: lsexp's own kinds pass through;
+    a user's (x, y) or (x, y, x_val, y_val) int-labelled arrays become Arrays; a Dataset, or a
+    (train, eval) pair of them, becomes a UserPipeline."""
+    if isinstance(obj, (Arrays, Pipeline, UserPipeline)):
+        return obj
+    import mindspore.dataset as ds
+
+    if isinstance(obj, ds.Dataset):
+        return UserPipeline(obj, None, d.num_classes)
+    if isinstance(obj, tuple) and len(obj) == 2 and all(isinstance(o, ds.Dataset) for o in obj):
+        return UserPipeline(obj[0], obj[1], d.num_classes)
+    if isinstance(obj, tuple) and len(obj) in (2, 4):
+        x, y = np.asarray(obj[0], dtype=np.float32), np.asarray(obj[1])
+        val = (np.asarray(obj[2], dtype=np.float32), np.asarray(obj[3]).astype(np.int32)) if len(obj) == 4 else (None, None)
+        return Arrays(x, one_hot(y.astype(np.int64), d.num_classes), *val)
+    raise TypeError(f"dataset._target_={d._target_} returned {type(obj).__name__}; return numpy arrays "
+                    f"(x, y) or (x, y, x_val, y_val), or a mindspore.dataset.Dataset (or a (train, eval) pair)")

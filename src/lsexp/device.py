@@ -74,11 +74,18 @@ def device_problems(dev) -> List[str]:
     return []
 
 
+_device_set: Optional[tuple] = None  # MindSpore takes the device once, before the first kernel runs
+
+
 def configure(dev, mode: str) -> str:
-    """Point MindSpore at the target and execution mode; returns the target in use."""
+    """Point MindSpore at the target and execution mode; returns the target in use. Callable again
+    (a traced batch runs in PyNative before a graph-mode run) with the same device."""
+    global _device_set
     import mindspore as ms
 
     target = resolve_target(str(dev.device_target))
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device(target, dev.device_id)
+    if _device_set != (target, dev.device_id):
+        ms.set_device(target, dev.device_id)
+        _device_set = (target, dev.device_id)
     return target

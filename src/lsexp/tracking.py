@@ -92,7 +92,7 @@ class _WorkerTracker:
                    experiment_name=cfg.tracking.experiment_name, run_name=cfg.tracking.run_name or run_name(cfg),
                    tags=tags, params=flat_params(cfg))
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self.sent_rows = self.sent_accuracy = 0
+        self.sent_rows = self.sent_eval = 0
 
     def _send(self, **msg: Any) -> None:
         # A worker that died (its error is already on stderr) must not stop the training;
@@ -103,10 +103,10 @@ class _WorkerTracker:
             pass
 
     def send_steps(self, history) -> None:
-        rows, accuracy = history.rows[self.sent_rows:], history.epoch_accuracy[self.sent_accuracy:]
-        if rows or accuracy:
-            self._send(op="steps", rows=rows, epoch_accuracy=accuracy)
-            self.sent_rows, self.sent_accuracy = len(history.rows), len(history.epoch_accuracy)
+        rows, evals = history.rows[self.sent_rows:], history.epoch_eval[self.sent_eval:]
+        if rows or evals:
+            self._send(op="steps", rows=rows, epoch_eval=evals)
+            self.sent_rows, self.sent_eval = len(history.rows), len(history.epoch_eval)
 
     def end(self, status: str, error: Optional[BaseException] = None) -> None:
         message = f"{type(error).__name__}: {error}" if error is not None else None

@@ -159,13 +159,14 @@ class MlflowRun:
         # Laid out now, while the job compiles, rather than after the training.
         self.figure = RunFigure(run_name)
 
-    def log_steps(self, rows: List[dict], epoch_accuracy: List[dict]) -> None:
+    def log_steps(self, rows: List[dict], epoch_eval: List[dict]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(row[key]), now, row["step"])
                    for row in rows for key in ("loss", "loss_scale", "overflow")]
-        metrics += [Metric("eval_accuracy", e["eval_accuracy"], now, e["step"]) for e in epoch_accuracy]
+        metrics += [Metric(key, value, now, e["step"]) for e in epoch_eval
+                    for key, value in e.items() if key not in ("epoch", "step")]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
             with_retry(self.client.log_batch, self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
         self.rows += rows
@@ -178,7 +179,7 @@ class MlflowRun:
             summary = _read_json(out_dir / "summary.json")
             now, step = int(time.time() * 1000), summary.get("steps", 0)
             metrics = [Metric(key, float(summary[key]), now, step)
-                       for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second",
+                       for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second", "reference_loss",
                                    "diverged_at_step") if summary.get(key) is not None]
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
@@ -228,7 +229,7 @@ def serve(lines) -> int:
                 out_dir, uri = Path(msg.pop("out_dir")), msg["uri"]
                 run = MlflowRun(**{k: v for k, v in msg.items() if k != "op"})
             elif msg["op"] == "steps":
-                run.log_steps(msg["rows"], msg["epoch_accuracy"])
+                run.log_steps(msg["rows"], msg["epoch_eval"])
             elif msg["op"] == "finish":
                 status, error = msg["status"], msg.get("error")
                 break

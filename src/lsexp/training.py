@@ -15,6 +15,8 @@ import numpy as np
 
 from lsexp.config import ConfigError, run_name, strategy, total_steps, steps_per_epoch
 
+EVAL_BATCH = 1000  # samples per eval forward: few compiled shapes, bounded memory
+
 HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
 CHECKPOINT = "checkpoint.ckpt"
 
@@ -24,7 +26,7 @@ class History:
     """Every step of a run, kept on the host; written out even when the run is interrupted."""
 
     rows: List[Dict[str, float]] = field(default_factory=list)
-    epoch_accuracy: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy"}
+    epoch_eval: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy", "eval_loss"}
     on_epoch: Optional[Callable[["History"], None]] = None  # e.g. stream to the tracker between epochs
 
     def write_csv(self, path: Path) -> None:
@@ -40,11 +42,12 @@ def read_history(path: Path) -> List[Dict[str, float]]:
                 for row in csv.DictReader(f)]
 
 
-def _build(cfg, target: str, out_dir: Path):
+def _build(cfg, target: str, out_dir: Path, last_step: int):
     import mindspore as ms
     from hydra.utils import instantiate
     from mindspore import nn
 
+    from lsexp.loss import SoftmaxCrossEntropy
     from lsexp.loss_scaling import build_optimizer, build_train_step
 
     ms.set_seed(cfg.train.seed)
@@ -54,9 +57,9 @@ def _build(cfg, target: str, out_dir: Path):
     # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
     with contextlib.chdir(out_dir):
         net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
-    loss_net = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(reduction="mean"))
+    loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
     optimizer = build_optimizer(cfg, net.trainable_params())
-    step_cell = build_train_step(cfg, loss_net, optimizer, total_steps(cfg), native_check=target != "CPU")
+    step_cell = build_train_step(cfg, loss_net, optimizer, last_step, native_check=target != "CPU")
     step_cell.set_train()
     return net, step_cell
 
@@ -81,44 +84,80 @@ def _save(step_cell, path: Path, skipped: int) -> None:
     ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
 
 
-def _accuracy(net, x_val: np.ndarray, y_val: np.ndarray) -> float:
-    from mindspore import Tensor
+def load_data(cfg):
+    """The dataset group as one of lsexp.data's kinds, whatever its `_target_` returned."""
+    from hydra.utils import call
 
+    from lsexp.data import as_data
+
+    return as_data(call(cfg.dataset, _convert_="all"), cfg.dataset)
+
+
+def trace_shapes(cfg) -> None:
+    """Build the data and the network and run two samples forward, eagerly (PyNative), so that a
+    network that cannot take the data fails with one line before anything is written."""
+    from hydra.utils import instantiate
+
+    from lsexp import device
+    from lsexp.loss import SoftmaxCrossEntropy
+
+    device.configure(cfg.device, "pynative")  # the run sets its own mode when it starts
+    try:
+        x, y = next(iter(load_data(cfg).batches(cfg.dataset, 0, 0)))
+        net = instantiate(cfg.model, _convert_="all")
+        SoftmaxCrossEntropy()(net(x[:2]), y[:2])
+    except Exception as err:  # MindSpore's shape and type errors, a user's own exceptions
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ConfigError([f"model._target_={cfg.model._target_} with dataset._target_={cfg.dataset._target_}: "
+                           f"{first}; make the model take the data set's batches"]) from None
+
+
+def evaluate(net, data) -> Dict[str, float]:
+    """Accuracy and mean cross-entropy on the held-out split (per position for a language model)."""
     net.set_train(False)
-    logits = net(Tensor(x_val)).asnumpy()
+    correct = total = 0
+    nll = 0.0
+    for x, labels in data.eval_batches(EVAL_BATCH):
+        logits = net(x).asnumpy().astype(np.float64)
+        logits = logits.reshape(-1, logits.shape[-1])
+        labels = labels.reshape(-1)
+        top = logits.max(axis=1, keepdims=True)
+        log_z = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+        nll += float((log_z - logits[np.arange(len(labels)), labels]).sum())
+        correct += int((logits.argmax(axis=1) == labels).sum())
+        total += len(labels)
     net.set_train(True)
-    return float((logits.argmax(axis=1) == y_val).mean())
+    return {"eval_accuracy": correct / total, "eval_loss": nll / total}
 
 
 def train(cfg, out_dir: Path, history: History, target: str) -> dict:
     """Run the configured training; history fills as it goes. Writes history.csv and summary.json
     in out_dir on every exit, so an interrupted run keeps what it did."""
-    from hydra.utils import call
-    from mindspore import Tensor
-
     from lsexp.loss_scaling import loss_scale_now
 
     started = time.perf_counter()
-    data = call(cfg.dataset, _convert_="all")
-    net, step_cell = _build(cfg, target, out_dir)
+    data = load_data(cfg)
+    last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
+    net, step_cell = _build(cfg, target, out_dir, last)
     done, skipped = _resume(step_cell, cfg.train.resume) if cfg.train.resume else (0, 0)
-    last, per_epoch = total_steps(cfg), steps_per_epoch(cfg)
     every = cfg.train.save_checkpoint_steps
 
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
                      "device_target": target, "resumed_from_step": done, "status": "running"}
     diverged_at: Optional[int] = None
     progress = _Progress(cfg, done, last)
+    epoch_seconds: List[float] = []
     loop_started = time.perf_counter()
     step = done
     try:
         for epoch in range(done // per_epoch, cfg.train.epochs):
             start = done % per_epoch if epoch == done // per_epoch else 0
-            for x, y in _batches(cfg, data, epoch, start):
+            epoch_started = time.perf_counter()
+            for x, y in data.batches(cfg.dataset, epoch, start):
                 if step >= last:
                     break
                 step += 1
-                loss, overflow, scale, skip, params_finite = step_cell(Tensor(x), Tensor(y)).asnumpy().tolist()
+                loss, overflow, scale, skip, params_finite = step_cell(x, y).asnumpy().tolist()
                 skipped += int(skip)
                 history.rows.append({"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale,
                                      "overflow": int(overflow), "skipped_steps": skipped})
@@ -128,9 +167,9 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
                 if not math.isfinite(loss) or not params_finite:
                     diverged_at = step
                     break
-            if data.x_val is not None and (diverged_at is None and step > done):
-                acc = _accuracy(net, data.x_val, data.y_val)
-                history.epoch_accuracy.append({"epoch": epoch + 1, "step": step, "eval_accuracy": acc})
+            epoch_seconds.append(round(time.perf_counter() - epoch_started, 3))  # training only, not eval
+            if data.has_eval and (diverged_at is None and step > done):
+                history.epoch_eval.append({"epoch": epoch + 1, "step": step, **evaluate(net, data)})
             if history.on_epoch is not None:
                 history.on_epoch(history)
             if diverged_at is not None or step >= last:
@@ -145,19 +184,14 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
         if cfg.train.checkpoint and step > done:
             _save(step_cell, out_dir / CHECKPOINT, skipped)
         summary.update(_summarise(history, cfg, step, diverged_at, loss_scale_now(step_cell)))
+        summary["epoch_seconds"] = epoch_seconds
+        if data.reference_loss is not None:
+            summary["reference_loss"] = data.reference_loss
         summary["wall_seconds"] = round(time.perf_counter() - started, 3)
         summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
         history.write_csv(out_dir / "history.csv")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _batches(cfg, data, epoch: int, start: int):
-    from lsexp.data import batches
-
-    d = cfg.dataset
-    return batches(data, d.batch_size, epoch, shuffle=d.shuffle, drop_remainder=d.drop_remainder,
-                   seed=d.seed, start=start)
 
 
 def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], scale_now) -> dict:
@@ -175,8 +209,9 @@ def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], sca
         "diverged": diverged_at is not None,
         "diverged_at_step": diverged_at,
     }
-    if history.epoch_accuracy:
-        out["eval_accuracy"] = history.epoch_accuracy[-1]["eval_accuracy"]
+    if history.epoch_eval:
+        out["eval_accuracy"] = history.epoch_eval[-1]["eval_accuracy"]
+        out["eval_loss"] = history.epoch_eval[-1]["eval_loss"]
     if cfg.train.checkpoint:
         out["checkpoint"] = CHECKPOINT
     return out

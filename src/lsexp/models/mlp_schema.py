@@ -1,0 +1,21 @@
+from dataclasses import dataclass, field
+from typing import List
+
+from lsexp.models import ImageModelConfig
+
+
+@dataclass
+class MLPConfig(ImageModelConfig):
+    _target_: str = "lsexp.models.mlp.MLP"
+    hidden_units: List[int] = field(default_factory=lambda: [256, 128])
+
+
+SCHEMA = MLPConfig
+
+
+def problems(cfg) -> List[str]:
+    units = list(cfg.model.hidden_units)
+    if any(u < 1 for u in units):
+        return [f"model.hidden_units={units}: every hidden layer needs >= 1 unit; e.g. [256, 128], "
+                f"or [] for no hidden layer"]
+    return []
