@@ -38,7 +38,8 @@ class _StepRecorder:
     def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool):
         self.native_check = native_check
         self.hyper_map = ops.HyperMap()
-        # A Parameter, so it is saved with the checkpoint and a resumed run keeps counting.
+        # A Parameter, so it is saved with the checkpoint and a resumed run keeps counting. Only
+        # injection needs it inside the step; otherwise the host sets it before each save.
         self.lsexp_step = Parameter(Tensor(0, mstype.int32), name="lsexp_step", requires_grad=False)
         steps = sorted(set(inject_steps))
         self.inject = bool(steps)
@@ -50,22 +51,17 @@ class _StepRecorder:
         self.zero = Tensor(0.0, mstype.float32)
 
     def _advance_and_inject(self, grads):
-        step = self.lsexp_step + 1
-        grads = ops.depend(grads, ops.assign(self.lsexp_step, step))
         if self.inject:
+            step = self.lsexp_step + 1
+            grads = ops.depend(grads, ops.assign(self.lsexp_step, step))
             factor = ops.select(self.inject_table[step], self.inf, self.one)
             grads = self.hyper_map(ops.partial(_poison, factor), grads)
         return grads
 
-    def _stats(self, loss, overflow, scale, skipped):
-        params_finite = all_finite(ops.depend(self.weights, loss))
-        return ops.stack([
-            ops.cast(loss, mstype.float32).reshape(()),
-            ops.cast(overflow, mstype.float32).reshape(()),
-            ops.cast(scale, mstype.float32).reshape(()),
-            ops.cast(skipped, mstype.float32).reshape(()),
-            ops.cast(params_finite, mstype.float32).reshape(()),
-        ])
+    def _stats(self, loss, overflow, scale, skipped, params_finite):
+        # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
+        return ops.stack([ops.cast(loss, mstype.float32).reshape(()), ops.cast(overflow, mstype.float32),
+                          scale.reshape(()), ops.cast(skipped, mstype.float32), ops.cast(params_finite, mstype.float32)])
 
 
 class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
@@ -97,7 +93,9 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         overflow = self.process_loss_scale(cond)
         if not overflow:
             loss = ops.depend(loss, self.optimizer(grads))
-        return self._stats(loss, cond, scale_used, overflow)
+        # Only finite gradients are applied here, so the parameters stay finite unless the loss
+        # itself blows up, which the loss shows: no per-step pass over the parameters.
+        return self._stats(loss, cond, scale_used, overflow, self.one)
 
 
 class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
@@ -118,7 +116,9 @@ class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
         grads = self._advance_and_inject(grads)
         overflow = ops.logical_not(all_finite(grads))
         loss = ops.depend(loss, self.optimizer(grads))
-        return self._stats(loss, overflow, self.scale, self.zero)
+        # An overflowed update is applied here, so check what it did to the parameters.
+        params_finite = all_finite(ops.depend(self.weights, loss))
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite)
 
 
 def build_optimizer(cfg, params) -> nn.Optimizer:
