@@ -239,6 +239,12 @@ def test_a_user_model_that_cannot_take_the_data_fails_on_its_traced_batch(tmp_pa
     assert "Conv2D" in line, line  # MindSpore's own words on the mismatch
 
 
+def test_a_user_data_sets_size_bounds_the_injected_steps_before_anything_is_written(tmp_path):
+    out = run_cli("dataset._target_=my_pkg.make_data", "dataset.num_samples=256", "train.epochs=1",
+                  "inject.overflow_steps=[9]", cwd=tmp_path, env={"PYTHONPATH": EXAMPLES})
+    _assert_one_line_and_nothing_written(out, tmp_path, "inject.overflow_steps=[9]", "steps 1..8")
+
+
 def test_data_file_checks_run_before_mindspore_is_imported():
     import subprocess
 

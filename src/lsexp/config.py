@@ -265,15 +265,7 @@ def validate(cfg: DictConfig) -> None:
 
     num_train = known_num_train(cfg) if not p else None
     if num_train is not None:  # the step count needs a sane dataset and train section
-        n = total_steps(cfg, num_train)
-        if n < 1:
-            p.append(f"dataset.batch_size={d.batch_size}: larger than the data, so the run has no step")
-        outside = [k for k in cfg.inject.overflow_steps if not 1 <= k <= n]
-        if outside:
-            p.append(
-                f"inject.overflow_steps={list(cfg.inject.overflow_steps)}: step(s) {outside} are outside "
-                f"this run's steps 1..{n}; pick steps in that range or raise train.max_steps"
-            )
+        p += step_problems(cfg, num_train)
 
     uri = cfg.tracking.uri
     if cfg.tracking.backend not in ("mlflow", "none"):
@@ -285,6 +277,18 @@ def validate(cfg: DictConfig) -> None:
     p += device_problems(cfg.device)
     if p:
         raise ConfigError(p)
+
+
+def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
+    """What needs the run's step count: known here for lsexp's data sets, after building for a user's."""
+    n, p = total_steps(cfg, num_train), []
+    if n < 1:
+        p.append(f"dataset.batch_size={cfg.dataset.batch_size}: larger than the data, so the run has no step")
+    outside = [k for k in cfg.inject.overflow_steps if not 1 <= k <= n]
+    if outside:
+        p.append(f"inject.overflow_steps={list(cfg.inject.overflow_steps)}: step(s) {outside} are outside "
+                 f"this run's steps 1..{n}; pick steps in that range or raise train.max_steps")
+    return p
 
 
 def _workload_problems(cfg: DictConfig) -> List[str]:

@@ -13,9 +13,9 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from lsexp.config import ConfigError, run_name, strategy, total_steps, steps_per_epoch
+from lsexp.config import ConfigError, run_name, step_problems, strategy, total_steps, steps_per_epoch
 
-EVAL_BATCH = 1000  # samples per eval forward: few compiled shapes, bounded memory
+EVAL_BATCH = 256  # samples per eval forward: few compiled shapes, and activations that stay small
 
 HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
 CHECKPOINT = "checkpoint.ckpt"
@@ -78,9 +78,10 @@ def _resume(step_cell, path: str) -> tuple[int, int]:
     return int(step_cell.lsexp_step.asnumpy()), int(params["lsexp_skipped_steps"].asnumpy())
 
 
-def _save(step_cell, path: Path, skipped: int) -> None:
+def _save(step_cell, path: Path, step: int, skipped: int) -> None:
     import mindspore as ms
 
+    step_cell.lsexp_step.set_data(ms.Tensor(step, ms.int32))
     ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
 
 
@@ -103,13 +104,18 @@ def trace_shapes(cfg) -> None:
 
     device.configure(cfg.device, "pynative")  # the run sets its own mode when it starts
     try:
-        x, y = next(iter(load_data(cfg).batches(cfg.dataset, 0, 0)))
+        data = load_data(cfg)
+        x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
         net = instantiate(cfg.model, _convert_="all")
         SoftmaxCrossEntropy()(net(x[:2]), y[:2])
     except Exception as err:  # MindSpore's shape and type errors, a user's own exceptions
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
         raise ConfigError([f"model._target_={cfg.model._target_} with dataset._target_={cfg.dataset._target_}: "
                            f"{first}; make the model take the data set's batches"]) from None
+    # Only now is a user's data set's size known: the checks validate() could not make for it.
+    problems = step_problems(cfg, data.num_train)
+    if problems:
+        raise ConfigError(problems)
 
 
 def evaluate(net, data) -> Dict[str, float]:
@@ -163,7 +169,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
                                      "overflow": int(overflow), "skipped_steps": skipped})
                 progress.update(loss, scale)
                 if every and step % every == 0 and cfg.train.checkpoint:
-                    _save(step_cell, out_dir / CHECKPOINT, skipped)
+                    _save(step_cell, out_dir / CHECKPOINT, step, skipped)
                 if not math.isfinite(loss) or not params_finite:
                     diverged_at = step
                     break
@@ -182,7 +188,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
         progress.close()
         loop_seconds = time.perf_counter() - loop_started
         if cfg.train.checkpoint and step > done:
-            _save(step_cell, out_dir / CHECKPOINT, skipped)
+            _save(step_cell, out_dir / CHECKPOINT, step, skipped)
         summary.update(_summarise(history, cfg, step, diverged_at, loss_scale_now(step_cell)))
         summary["epoch_seconds"] = epoch_seconds
         if data.reference_loss is not None:
