@@ -1,8 +1,10 @@
 """What MindSpore's dataset pipeline costs per step, and the peak memory of a full-size CIFAR-10 run.
 
-    python benchmarks/pipeline_overhead.py [pairs] [--cifar] [override ...]
+    python benchmarks/pipeline_overhead.py [pairs] [--images N] [--cifar] [override ...]
+    e.g. python benchmarks/pipeline_overhead.py 3 --images 3200 model=resnet model.depth=8
 
-1. Per step: LeNet5 on MNIST-format files (10 000 images, written into a temp dir) fed through
+1. Per step: LeNet5 (or the model the overrides name) on MNIST-format files (10 000 images by
+   default, written into a temp dir) fed through
    `dataset=mnist` (MnistDataset -> map -> batch, rebuilt per epoch over that epoch's order), against
    the same images, normalised the same way, in the same order, fed from numpy arrays in memory
    (`dataset._target_=pipeline_overhead.mnist_arrays`). Runs alternate, so machine noise hits both
@@ -58,9 +60,9 @@ def _env():
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
-def per_step(pairs: int, extra: list) -> None:
+def per_step(pairs: int, extra: list, images: int) -> None:
     with tempfile.TemporaryDirectory() as cwd:
-        data = write_mnist(Path(cwd) / "mnist", train=10000, test=100)
+        data = write_mnist(Path(cwd) / "mnist", train=images, test=100)
         common = ["dataset=mnist", f"dataset.path={data}", "dataset.image_size=28", "train.epochs=3", *extra]
         ms_per_step = {"pipeline": [], "memory": []}
         for i in range(pairs):
@@ -86,8 +88,10 @@ def cifar_memory() -> None:
 
 
 if __name__ == "__main__":
-    numbers = [a for a in sys.argv[1:] if a.isdigit()]
-    overrides = [a for a in sys.argv[1:] if "=" in a]  # e.g. dataset.num_parallel_workers=2
-    per_step(int(numbers[0]) if numbers else 5, overrides)
+    argv = sys.argv[1:]
+    images = int(argv.pop(argv.index("--images") + 1)) if "--images" in argv else 10000
+    numbers = [a for a in argv if a.isdigit()]
+    overrides = [a for a in argv if "=" in a]  # e.g. model=resnet, dataset.num_parallel_workers=2
+    per_step(int(numbers[0]) if numbers else 5, overrides, images)
     if "--cifar" in sys.argv:
         cifar_memory()
