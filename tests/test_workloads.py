@@ -147,8 +147,8 @@ def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_ru
 @pytest.mark.parametrize("data", ["my_pkg.make_data", "my_pkg.make_dataset"])
 def test_a_model_and_data_set_from_outside_lsexp_train_via_target(tmp_path, data):
     out = run_cli("model._target_=my_pkg.MyNet", "+model.depth=3", f"dataset._target_={data}", "amp=O2",
-                  "loss_scale=dynamic", "inject.overflow_steps=[2]", "train.max_steps=6", "tracking=none",
-                  "train.progress=false", cwd=tmp_path, env={"PYTHONPATH": EXAMPLES})
+                  "loss_scale=dynamic", "inject.overflow_steps=[2]", "dataset.num_samples=96", "train.epochs=2",
+                  "tracking=none", "train.progress=false", cwd=tmp_path, env={"PYTHONPATH": EXAMPLES})
     assert out.returncode == 0, out.stderr
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/summary.json")]
     summary = json.loads((run_dir / "summary.json").read_text())

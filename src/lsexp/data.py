@@ -117,6 +117,7 @@ class UserPipeline:
 
     def __init__(self, train, evaluate, num_classes: int):
         self.train, self.evaluate, self.num_classes = train, evaluate, num_classes
+        self._batched = {}  # one chain per source and batch size: a pipeline node takes one consumer
 
     @property
     def num_train(self) -> int:
@@ -126,24 +127,26 @@ class UserPipeline:
     def has_eval(self) -> bool:
         return self.evaluate is not None
 
-    def _prepared(self, dataset):
-        import mindspore as ms
-        from mindspore.dataset import transforms
+    def _chain(self, dataset, batch_size: int, drop_remainder: bool):
+        key = (id(dataset), batch_size, drop_remainder)
+        if key not in self._batched:
+            import mindspore as ms
+            from mindspore.dataset import transforms
 
-        columns = dataset.get_col_names()
-        return dataset.map([transforms.OneHot(self.num_classes), transforms.TypeCast(ms.float32)],
-                           input_columns=columns[-1])
+            label = dataset.get_col_names()[-1]
+            self._batched[key] = dataset.map([transforms.OneHot(self.num_classes), transforms.TypeCast(ms.float32)],
+                                             input_columns=label).batch(batch_size, drop_remainder=drop_remainder)
+        return self._batched[key]
 
     def batches(self, d, epoch: int, start: int):
-        dataset = self._prepared(self.train)
-        if start:
-            dataset = dataset.skip(start * d.batch_size)
-        dataset = dataset.batch(d.batch_size, drop_remainder=d.drop_remainder)
-        return dataset.create_tuple_iterator(num_epochs=1, output_numpy=False, do_copy=False)
+        batches = self._chain(self.train, d.batch_size, d.drop_remainder)
+        iterator = batches.create_tuple_iterator(num_epochs=1, output_numpy=False, do_copy=False)
+        for _ in range(start):  # a resumed run skips the batches it has trained on
+            next(iterator)
+        return iterator
 
     def eval_batches(self, size: int):
-        dataset = self._prepared(self.evaluate).batch(size)
-        for x, y in dataset.create_tuple_iterator(num_epochs=1, output_numpy=False):
+        for x, y in self._chain(self.evaluate, size, False).create_tuple_iterator(num_epochs=1, output_numpy=False):
             yield x, y.asnumpy().argmax(axis=-1)
 
 
