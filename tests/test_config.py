@@ -13,7 +13,7 @@ OPTIONS = {
     "model": ["lenet5", "mlp", "resnet"],
     "dataset": ["synthetic", "digits"],
     "amp": ["O0", "O1", "O2", "O3"],
-    "loss_scale": ["fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog"],
+    "loss_scale": ["none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog"],
     "optimizer": ["momentum"],
     "device": ["cpu", "auto"],
     "tracking": ["mlflow", "none"],
@@ -68,6 +68,14 @@ def test_strategy_defaults_match_mindspore_managers():
     cfg = compose_cfg("loss_scale=dynamic").loss_scale
     assert (cfg.init_loss_scale, cfg.scale_factor, cfg.scale_window) == (
         dynamic.get_loss_scale(), dynamic.scale_factor, dynamic.scale_window)
+
+
+def test_no_scaling_is_sens_one_and_optimizer_scale_one():
+    cfg = compose_cfg("loss_scale=none")
+    assert strategy(cfg) == "none" and optimizer_loss_scale(cfg) == 1.0
+    assert problems("loss_scale=none", "optimizer.loss_scale=8") == [
+        "optimizer.loss_scale=8.0 with loss_scale=none: the train step already divides the gradients by the "
+        "scale, so they would be divided twice; set optimizer.loss_scale=1 or leave it unset"]
 
 
 def test_optimizer_loss_scale_follows_the_strategy():

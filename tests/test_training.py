@@ -82,6 +82,14 @@ def test_fixed_nodrop_applies_an_injected_overflow_and_the_run_diverges(train_ru
     assert summary["status"] == "finished"
 
 
+def test_no_loss_scaling_records_and_applies_overflows_at_scale_one(train_run):
+    summary, rows, _ = train_run("loss_scale=none", "amp=O3", "train.max_steps=10")
+    assert summary["strategy"] == "none" and {r["loss_scale"] for r in rows} == {1.0}
+    assert summary["final_loss_scale"] == 1.0 and summary["skipped_steps"] == 0
+    summary, rows, _ = train_run("loss_scale=none", "amp=O3", "train.max_steps=10", "inject.overflow_steps=[4]")
+    assert rows[3]["overflow"] == 1 and summary["diverged_at_step"] == 4  # applied, not skipped
+
+
 def test_resumed_run_continues_the_scale_history_exactly(train_run):
     common = ["amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=3"]
     _, straight, _ = train_run(*common, "train.max_steps=24")
@@ -100,7 +108,7 @@ def test_digits_reports_validation_accuracy(train_run):
 
 
 @pytest.mark.parametrize("amp", ["O0", "O1", "O2", "O3"])
-@pytest.mark.parametrize("loss_scale", ["fixed_drop", "fixed_nodrop", "dynamic"])
+@pytest.mark.parametrize("loss_scale", ["none", "fixed_drop", "fixed_nodrop", "dynamic"])
 def test_every_strategy_and_amp_level_trains_in_graph_mode(train_run, loss_scale, amp):
     summary, rows, _ = train_run(f"loss_scale={loss_scale}", f"amp={amp}", "train.max_steps=4")
     assert len(rows) == summary["steps"] >= 1

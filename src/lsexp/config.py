@@ -27,6 +27,7 @@ AMP_DTYPES = ("float16", "bfloat16")
 MODES = ("graph", "pynative")
 FIXED_MANAGER = "mindspore.amp.FixedLossScaleManager"
 DYNAMIC_MANAGER = "mindspore.amp.DynamicLossScaleManager"
+NO_SCALING = "mindspore.nn.TrainOneStepCell"
 
 
 # --- amp -------------------------------------------------------------------------------------
@@ -47,6 +48,13 @@ class FixedLossScaleConfig(LossScaleConfig):
     _target_: str = FIXED_MANAGER
     loss_scale: float = 128.0
     drop_overflow_update: bool = True
+
+
+@dataclass
+class NoLossScaleConfig(LossScaleConfig):
+    """No loss scaling: MindSpore's plain TrainOneStepCell, sens 1, what ms.Model builds without a manager."""
+
+    _target_: str = NO_SCALING
 
 
 @dataclass
@@ -128,6 +136,7 @@ def register_configs() -> None:
         ("amp", "base_amp", AmpConfig),
         ("loss_scale", "base_fixed", FixedLossScaleConfig),
         ("loss_scale", "base_dynamic", DynamicLossScaleConfig),
+        ("loss_scale", "base_none", NoLossScaleConfig),
         ("optimizer", "base_momentum", MomentumConfig),
         ("device", "base_device", DeviceConfig),
         ("train", "base_train", TrainConfig),
@@ -142,15 +151,17 @@ def register_configs() -> None:
 
 # --- derived facts the rest of the program shares --------------------------------------------
 def strategy(cfg: DictConfig) -> str:
-    """fixed_drop, fixed_nodrop or dynamic: what the loss_scale group asks for, by content."""
+    """none, fixed_drop, fixed_nodrop or dynamic: what the loss_scale group asks for, by content."""
+    if cfg.loss_scale._target_ == NO_SCALING:
+        return "none"
     if cfg.loss_scale._target_ == DYNAMIC_MANAGER:
         return "dynamic"
     return "fixed_drop" if cfg.loss_scale.drop_overflow_update else "fixed_nodrop"
 
 
 def manager_scale(cfg: DictConfig) -> float:
-    ls = cfg.loss_scale
-    return float(ls.init_loss_scale if strategy(cfg) == "dynamic" else ls.loss_scale)
+    ls, s = cfg.loss_scale, strategy(cfg)
+    return 1.0 if s == "none" else float(ls.init_loss_scale if s == "dynamic" else ls.loss_scale)
 
 
 def optimizer_loss_scale(cfg: DictConfig) -> float:
@@ -221,7 +232,7 @@ def validate(cfg: DictConfig) -> None:
             p.append(f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2")
         if ls.scale_window < 1:
             p.append(f"loss_scale.scale_window={ls.scale_window}: must be >= 1 step; e.g. 2000")
-    elif not _finite_positive(ls.loss_scale):
+    elif s != "none" and not _finite_positive(ls.loss_scale):
         p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number > 0; e.g. 1024")
 
     opt_scale = cfg.optimizer.loss_scale

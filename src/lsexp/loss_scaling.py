@@ -100,8 +100,9 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
 
 class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
     """What ms.Model builds for FixedLossScaleManager(drop_overflow_update=False): a TrainOneStepCell
-    whose sens is the loss scale, with the optimizer's own loss_scale dividing the gradients.
-    The update is always applied; the overflow flag is only recorded."""
+    whose sens is the loss scale, with the optimizer's own loss_scale dividing the gradients; and,
+    with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
+    the overflow flag is only recorded."""
 
     def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False):
         super().__init__(network, optimizer, sens)
@@ -129,8 +130,10 @@ def build_optimizer(cfg, params) -> nn.Optimizer:
 def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
                      native_check: bool) -> nn.Cell:
     """The loss_scale group as a train-step cell, built as ms.Model would build it."""
-    manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager
     kwargs = dict(inject_steps=list(cfg.inject.overflow_steps), last_step=last_step, native_check=native_check)
+    if strategy(cfg) == "none":  # ms.Model without a manager: TrainOneStepCell, sens 1
+        return NoDropTrainStep(loss_net, optimizer, 1.0, **kwargs)
+    manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager
     if strategy(cfg) == "fixed_nodrop":
         return NoDropTrainStep(loss_net, optimizer, manager.get_loss_scale(), **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, manager.get_update_cell(), **kwargs)
