@@ -69,8 +69,9 @@ def handwritten() -> float:
     return 1000 * sum(seconds[1:]) / (9 * 32)
 
 
-def lsexp_loop(tmp: Path, i: int) -> float:
-    """The default run, through lsexp's own path (compose -> validate -> train) in this process."""
+def lsexp_loop(tmp: Path, i: int, *overrides: str) -> float:
+    """The default run (with overrides), through lsexp's own path (compose -> validate -> train) in
+    this process; milliseconds per step over epochs 2 to 10."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -80,9 +81,9 @@ def lsexp_loop(tmp: Path, i: int) -> float:
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=["tracking=none", "train.progress=false"])
+        cfg = compose("config", overrides=["tracking=none", "train.progress=false", *overrides])
     validate(cfg)
-    out = tmp / f"run{i}"
+    out = tmp / f"run{i}-{len(overrides)}"
     out.mkdir()
     summary = training.train(cfg, out, training.History(), device.configure(cfg.device, cfg.train.mode))
     return 1000 * sum(summary["epoch_seconds"][1:]) / (9 * 32)

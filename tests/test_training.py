@@ -42,6 +42,13 @@ def test_injected_overflow_dynamic_matches_mindspore_update_cell(train_run):
     assert [r["loss_scale"] for r in rows] == reference_dynamic_scales(2.0**24, 2, 2, flags)
 
 
+def test_scale_column_is_the_scale_each_step_used_without_injection_too(train_run):
+    # Without injection nothing else orders the step's read of the scale before the update cell's write.
+    _, rows, _ = train_run("amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=2", "train.max_steps=12")
+    assert rows[0]["loss_scale"] == 2.0**24
+    assert [r["loss_scale"] for r in rows] == reference_dynamic_scales(2.0**24, 2, 2, [r["overflow"] for r in rows])
+
+
 def test_real_fp16_overflow_on_o2_still_matches_mindspore(train_run):
     summary, rows, _ = train_run("amp=O2", *INJECT)
     flags = [r["overflow"] for r in rows]

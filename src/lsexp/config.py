@@ -101,6 +101,12 @@ class TrainConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    grads: bool = False  # per-step gradient norm and float16 underflow/overflow/zero fractions, in the step
+    histogram_steps: List[int] = field(default_factory=list)  # log2|g| histograms and per-layer breakdown
+
+
+@dataclass
 class InjectConfig:
     overflow_steps: List[int] = field(default_factory=list)
 
@@ -124,6 +130,7 @@ class Config:
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING
     inject: InjectConfig = field(default_factory=InjectConfig)
+    telemetry: TelemetryConfig = MISSING
 
 
 def register_configs() -> None:
@@ -141,6 +148,7 @@ def register_configs() -> None:
         ("device", "base_device", DeviceConfig),
         ("train", "base_train", TrainConfig),
         ("tracking", "base_tracking", TrackingConfig),
+        ("telemetry", "base_telemetry", TelemetryConfig),
     ]:
         cs.store(group=group, name=name, node=node)
     # experiments/ sits at the top of the checkout; ConfigStore makes its files the options of
@@ -295,10 +303,12 @@ def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
     n, p = total_steps(cfg, num_train), []
     if n < 1:
         p.append(f"dataset.batch_size={cfg.dataset.batch_size}: larger than the data, so the run has no step")
-    outside = [k for k in cfg.inject.overflow_steps if not 1 <= k <= n]
-    if outside:
-        p.append(f"inject.overflow_steps={list(cfg.inject.overflow_steps)}: step(s) {outside} are outside "
-                 f"this run's steps 1..{n}; pick steps in that range or raise train.max_steps")
+    for key in ("inject.overflow_steps", "telemetry.histogram_steps"):
+        steps = list(OmegaConf.select(cfg, key))
+        outside = [k for k in steps if not 1 <= k <= n]
+        if outside:
+            p.append(f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
+                     f"range or raise train.max_steps")
     return p
 
 

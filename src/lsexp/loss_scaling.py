@@ -8,7 +8,8 @@ does. What lsexp adds is what MindSpore lacks:
   which have no CPU kernels, so on CPU it is replaced by mindspore.amp.all_finite;
 - overflow injection inside the compiled step, so a strategy's reaction can be tested;
 - one small stats vector per step (loss, overflow, scale used, update skipped, parameters
-  finite), so recording costs the single host sync that reading the loss needs anyway.
+  finite, and with telemetry the gradient statistics), so recording costs the single host sync
+  that reading the loss needs anyway.
 """
 
 from __future__ import annotations
@@ -32,11 +33,28 @@ def _poison_grad(factor, grad):
     return grad * ops.cast(factor, ops.dtype(grad))
 
 
+_flatten = ops.MultitypeFuncGraph("lsexp_flatten")
+
+
+@_flatten.register("Tensor")
+def _flatten_grad(grad):
+    return ops.cast(grad, mstype.float32).reshape((-1,))
+
+
+# float16's smallest subnormal and largest finite value: a scaled gradient below the first
+# flushes to zero, above the second overflows (Micikevicius et al. 2018).
+FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
+TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction")
+
+
 class _StepRecorder:
     """Step counter, injection and stats shared by both train-step cells."""
 
-    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool):
+    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool):
         self.native_check = native_check
+        self.telemetry = telemetry
+        self.tiny = Tensor(FP16_TINY, mstype.float32)
+        self.fp16_max = Tensor(FP16_MAX, mstype.float32)
         self.hyper_map = ops.HyperMap()
         # A Parameter, so it is saved with the checkpoint and a resumed run keeps counting. Only
         # injection needs it inside the step; otherwise the host sets it before each save.
@@ -58,18 +76,34 @@ class _StepRecorder:
             grads = self.hyper_map(ops.partial(_poison, factor), grads)
         return grads
 
-    def _stats(self, loss, overflow, scale, skipped, params_finite):
+    def _grad_telemetry(self, scaled_grads, scale):
+        """The gradients as backprop computed them, scaled by `scale`: their unscaled global norm and
+        the fractions of elements that float16 would flush to zero, that overflow it, that are zero.
+        At O2/O3 these are the gradients float16 layers produced; at O0 a what-if for float16."""
+        flat = ops.concat(self.hyper_map(_flatten, scaled_grads))
+        size = ops.cast(ops.size(flat), mstype.float32)
+        magnitude = ops.abs(flat)
+        zero = ops.cast(magnitude == 0, mstype.float32).sum() / size
+        under = ops.cast(ops.logical_and(magnitude > 0, magnitude < self.tiny), mstype.float32).sum() / size
+        over = ops.cast(ops.logical_not(magnitude <= self.fp16_max), mstype.float32).sum() / size  # inf, nan too
+        norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
+        return [norm, under, over, zero]
+
+    def _stats(self, loss, overflow, scale, skipped, params_finite, telemetry=()):
         # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
         return ops.stack([ops.cast(loss, mstype.float32).reshape(()), ops.cast(overflow, mstype.float32),
-                          scale.reshape(()), ops.cast(skipped, mstype.float32), ops.cast(params_finite, mstype.float32)])
+                          scale.reshape(()), ops.cast(skipped, mstype.float32),
+                          ops.cast(params_finite, mstype.float32), *telemetry])
 
 
 class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
-    def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False):
+    def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False,
+                 telemetry=False):
         super().__init__(network, optimizer, scale_sense)
-        self._init_recorder(inject_steps, last_step, native_check)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry)
+        self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
 
     def get_overflow_status(self, status, compute_output):
         if self.native_check:
@@ -82,10 +116,12 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self.network(*inputs)
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
-        # A copy: the update cell assigns the Parameter in place, and the record wants the scale used.
-        scale_used = scaling_sens * self.one
+        # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
+        # into the Parameter: an assign is a side effect, kept in program order before the update's.
+        scale_used = ops.depend(self.scale_used, ops.assign(self.scale_used, scaling_sens))
         scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
+        telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
         grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         grads = self.grad_reducer(grads)
         grads = self._advance_and_inject(grads)
@@ -95,7 +131,7 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
             loss = ops.depend(loss, self.optimizer(grads))
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one)
+        return self._stats(loss, cond, scale_used, overflow, self.one, telemetry)
 
 
 class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
@@ -104,22 +140,24 @@ class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
     with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
     the overflow flag is only recorded."""
 
-    def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False):
+    def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False,
+                 telemetry=False):
         super().__init__(network, optimizer, sens)
-        self._init_recorder(inject_steps, last_step, native_check)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry)
         self.scale = Tensor(sens, mstype.float32)
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
+        telemetry = self._grad_telemetry(grads, self.scale) if self.telemetry else []
         grads = self.grad_reducer(grads)
         grads = self._advance_and_inject(grads)
         overflow = ops.logical_not(all_finite(grads))
         loss = ops.depend(loss, self.optimizer(grads))
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite)
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, telemetry)
 
 
 def build_optimizer(cfg, params) -> nn.Optimizer:
@@ -130,7 +168,8 @@ def build_optimizer(cfg, params) -> nn.Optimizer:
 def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
                      native_check: bool) -> nn.Cell:
     """The loss_scale group as a train-step cell, built as ms.Model would build it."""
-    kwargs = dict(inject_steps=list(cfg.inject.overflow_steps), last_step=last_step, native_check=native_check)
+    kwargs = dict(inject_steps=list(cfg.inject.overflow_steps), last_step=last_step, native_check=native_check,
+                  telemetry=cfg.telemetry.grads)
     if strategy(cfg) == "none":  # ms.Model without a manager: TrainOneStepCell, sens 1
         return NoDropTrainStep(loss_net, optimizer, 1.0, **kwargs)
     manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager

@@ -16,6 +16,8 @@ from typing import Dict, List, Sequence
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
                  "final_loss_scale", "diverged")
+# With telemetry=grads: the means over the run's steps of what float16 loses or breaks.
+TELEMETRY_COLUMNS = ("mean_underflow_fraction", "mean_overflow_fraction", "mean_zero_fraction")
 
 
 def _pyplot():
@@ -34,8 +36,9 @@ def _power_of_two(value: float, _pos=None) -> str:
     return "2" + str(int(exponent)).translate(_SUPERSCRIPT) if exponent.is_integer() else f"{value:g}"
 
 
-def _axes(plt, title: str):
-    fig, (ax_loss, ax_scale) = plt.subplots(2, 1, sharex=True, figsize=(9, 6))
+def _axes(plt, title: str, telemetry: bool = False):
+    fig, axes = plt.subplots(3 if telemetry else 2, 1, sharex=True, figsize=(9, 8 if telemetry else 6))
+    ax_loss, ax_scale = axes[0], axes[1]
     # fixed margins: constrained_layout costs more than the rest of the figure together
     fig.subplots_adjust(left=0.09, right=0.98, top=0.94, bottom=0.08, hspace=0.08)
     ax_loss.set_ylabel("loss")
@@ -44,7 +47,10 @@ def _axes(plt, title: str):
     ax_scale.set_yscale("log", base=2)
     ax_scale.yaxis.set_major_formatter(_power_of_two)
     ax_scale.set_ylabel("loss scale (log2)")
-    ax_scale.set_xlabel("step")
+    axes[-1].set_xlabel("step")
+    if telemetry:
+        axes[2].set_ylabel("gradients lost to\nfloat16 underflow")
+        return fig, ax_loss, ax_scale, axes[2]
     return fig, ax_loss, ax_scale
 
 
@@ -106,8 +112,10 @@ def sweep_report(client, parent_run_id: str, out: Path):
     children = sweep_children(client, parent_run_id)
     out.mkdir(parents=True, exist_ok=True)
     labels = _labels(children)
+    telemetry = any("underflow_fraction" in c.data.metrics for c in children)
+    columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
     plt = _pyplot()
-    fig, ax_loss, ax_scale = _axes(plt, f"sweep {client.get_run(parent_run_id).info.run_name}")
+    fig, ax_loss, ax_scale, *ax_under = _axes(plt, f"sweep {client.get_run(parent_run_id).info.run_name}", telemetry)
     rows = []
     for child, label in zip(children, labels):
         loss, scale, overflow = (_history(client, child.info.run_id, k) for k in ("loss", "loss_scale", "overflow"))
@@ -123,16 +131,22 @@ def sweep_report(client, parent_run_id: str, out: Path):
             "final_loss": _num(m.get("final_loss")), "final_loss_scale": _num(m.get("final_loss_scale")),
             "diverged": child.data.tags.get("lsexp.diverged", ""),
         })
+        if telemetry:
+            for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
+                series = _history(client, child.info.run_id, key)
+                rows[-1][f"mean_{key}"] = _num(sum(series.values()) / len(series)) if series else ""
+                if key == "underflow_fraction" and series:
+                    ax_under[0].plot(sorted(series), [series[s] for s in sorted(series)], linewidth=1, label=label)
     if children:
         ax_loss.legend(loc="best", fontsize=8)
     fig.savefig(out / "comparison.png", dpi=100)
     plt.close(fig)
     with open(out / "comparison.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+        writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
-    lines += ["| " + " | ".join(str(r[c]) for c in TABLE_COLUMNS) + " |" for r in rows]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
     (out / "comparison.md").write_text("\n".join(lines) + "\n")
     return children
 

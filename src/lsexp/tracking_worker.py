@@ -163,8 +163,8 @@ class MlflowRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(row[key]), now, row["step"])
-                   for row in rows for key in ("loss", "loss_scale", "overflow")]
+        metrics = [Metric(key, float(value), now, row["step"])
+                   for row in rows for key, value in row.items() if key not in ("step", "epoch", "skipped_steps")]
         metrics += [Metric(key, value, now, e["step"]) for e in epoch_eval
                     for key, value in e.items() if key not in ("epoch", "step")]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
@@ -192,6 +192,8 @@ class MlflowRun:
             for name in ARTIFACTS:
                 if (out_dir / name).exists():
                     with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
+            for path in sorted(out_dir.glob("grad_*")):  # telemetry's histograms and per-layer breakdown
+                with_retry(self.client.log_artifact, self.run_id, str(path), "telemetry")
         finally:
             with_retry(self.client.set_terminated, self.run_id, status)
 

@@ -18,6 +18,7 @@ from lsexp.config import ConfigError, run_name, step_problems, strategy, total_s
 EVAL_BATCH = 256  # samples per eval forward: few compiled shapes, and activations that stay small
 
 HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
+INTEGER_COLUMNS = ("step", "epoch", "overflow", "skipped_steps")  # the rest, telemetry's included, are floats
 CHECKPOINT = "checkpoint.ckpt"
 
 
@@ -30,15 +31,16 @@ class History:
     on_epoch: Optional[Callable[["History"], None]] = None  # e.g. stream to the tracker between epochs
 
     def write_csv(self, path: Path) -> None:
+        columns = list(HISTORY_COLUMNS) + [k for k in (self.rows[0] if self.rows else {}) if k not in HISTORY_COLUMNS]
         with open(path, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=HISTORY_COLUMNS)
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
             writer.writerows(self.rows)
 
 
 def read_history(path: Path) -> List[Dict[str, float]]:
     with open(path, newline="") as f:
-        return [{k: float(v) if k in ("loss", "loss_scale") else int(v) for k, v in row.items()}
+        return [{k: int(v) if k in INTEGER_COLUMNS else float(v) for k, v in row.items()}
                 for row in csv.DictReader(f)]
 
 
@@ -70,6 +72,7 @@ def _resume(step_cell, path: str) -> tuple[int, int]:
 
     params = ms.load_checkpoint(path)
     missing, _ = ms.load_param_into_net(step_cell, params)
+    missing = [name for name in missing if name != "lsexp_scale_used"]  # scratch, rewritten every step
     if missing:
         raise ConfigError([
             f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved by a different "
@@ -139,13 +142,19 @@ def evaluate(net, data) -> Dict[str, float]:
 def train(cfg, out_dir: Path, history: History, target: str) -> dict:
     """Run the configured training; history fills as it goes. Writes history.csv and summary.json
     in out_dir on every exit, so an interrupted run keeps what it did."""
-    from lsexp.loss_scaling import loss_scale_now
+    from lsexp.loss_scaling import TELEMETRY, loss_scale_now
 
     started = time.perf_counter()
     data = load_data(cfg)
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
     net, step_cell = _build(cfg, target, out_dir, last)
     done, skipped = _resume(step_cell, cfg.train.resume) if cfg.train.resume else (0, 0)
+    probe_steps = set(cfg.telemetry.histogram_steps)
+    probe = None
+    if probe_steps:
+        from lsexp.telemetry import GradientProbe
+
+        probe = GradientProbe(step_cell.network, step_cell.weights, out_dir)
     every = cfg.train.save_checkpoint_steps
 
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
@@ -163,10 +172,16 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
                 if step >= last:
                     break
                 step += 1
-                loss, overflow, scale, skip, params_finite = step_cell(x, y).asnumpy().tolist()
+                if step in probe_steps:
+                    probe.capture(step, x, y, loss_scale_now(step_cell))
+                values = step_cell(x, y).asnumpy().tolist()
+                loss, overflow, scale, skip, params_finite = values[:5]
                 skipped += int(skip)
-                history.rows.append({"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale,
-                                     "overflow": int(overflow), "skipped_steps": skipped})
+                row = {"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale,
+                       "overflow": int(overflow), "skipped_steps": skipped}
+                if len(values) > 5:
+                    row.update(zip(TELEMETRY, values[5:]))
+                history.rows.append(row)
                 progress.update(loss, scale)
                 if every and step % every == 0 and cfg.train.checkpoint:
                     _save(step_cell, out_dir / CHECKPOINT, step, skipped)

@@ -1,0 +1,35 @@
+"""What gradient telemetry costs per step: the seed's default run at amp O2 with telemetry=grads
+against telemetry=none, alternating in one process, timed per step over epochs 2 to 10.
+
+    python benchmarks/telemetry_cost.py [pairs]     (10 by default)
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from handwritten_loop import lsexp_loop
+
+COMMON = ("amp=O2", "loss_scale=dynamic")
+
+
+def main(pairs: int) -> None:
+    ms_per_step = {"none": [], "grads": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(pairs):
+            ms_per_step["none"].append(lsexp_loop(Path(tmp), i, *COMMON, "telemetry=none"))
+            ms_per_step["grads"].append(lsexp_loop(Path(tmp), i, *COMMON, "telemetry=grads",
+                                                   "telemetry.histogram_steps=[]"))
+    med = {k: statistics.median(v) for k, v in ms_per_step.items()}
+    for k, v in ms_per_step.items():
+        print(f"telemetry={k:<6} median {med[k]:.2f} ms/step  {[round(s, 2) for s in v]}")
+    ratios = [g / n for n, g in zip(ms_per_step["none"], ms_per_step["grads"])]
+    print(f"time per step, grads / none: {med['grads'] / med['none']:.3f}x "
+          f"(per-pair mean {statistics.mean(ratios):.3f}x, {pairs} pairs; {' '.join(COMMON)})")
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)

@@ -1,0 +1,97 @@
+"""Gradient telemetry: the in-step statistics against numpy on the same gradients."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+
+def _layers(run_dir):
+    with open(run_dir / "grad_layers.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _reference(layers, step):
+    """Global statistics from the per-layer counts the probe wrote, computed here in numpy."""
+    mine = [r for r in layers if int(r["step"]) == step]
+    total = sum(int(r["elements"]) for r in mine)
+    fractions = {k: sum(int(r[k]) for r in mine) / total for k in ("zero", "underflow", "overflow")}
+    norm = math.sqrt(sum(float(r["norm"]) ** 2 for r in mine))
+    return fractions, norm
+
+
+@pytest.mark.parametrize("overrides", [
+    # float16 layers at 2^24: real overflows, and what backprop flushed shows as zeros
+    ["amp=O2", "loss_scale=dynamic"],
+    # float32 at scale 1: the what-if for float16, where small gradients would flush
+    ["amp=O0", "loss_scale=none"],
+    ["amp=O3", "loss_scale=fixed_nodrop", "model=resnet", "model.depth=8", "dataset=digits"],
+])
+def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, overrides):
+    summary, rows, run_dir = train_run(*overrides, "telemetry=grads", "telemetry.histogram_steps=[1,6]",
+                                       "train.max_steps=8")
+    layers = _layers(run_dir)
+    assert {int(r["step"]) for r in layers} == {1, 6}
+    for step in (1, 6):
+        row = rows[step - 1]
+        fractions, norm = _reference(layers, step)
+        assert float(layers[[int(r["step"]) for r in layers].index(step)]["loss_scale"]) == row["loss_scale"]
+        for key in ("zero", "underflow", "overflow"):
+            assert row[f"{key}_fraction"] == pytest.approx(fractions[key], rel=1e-6, abs=1e-7), (step, key)
+        if math.isfinite(norm):
+            assert row["grad_norm"] == pytest.approx(norm, rel=1e-4)
+        else:
+            assert not math.isfinite(row["grad_norm"])
+        assert (run_dir / f"grad_hist_step{step}.csv").is_file() and (run_dir / f"grad_hist_step{step}.png").is_file()
+    if "loss_scale=none" in overrides:
+        assert rows[0]["underflow_fraction"] > 0, "at scale 1 some LeNet5 gradients are below 2^-24"
+    if "amp=O2" in overrides:
+        assert rows[0]["overflow_fraction"] > 0 and rows[0]["overflow"] == 1
+
+
+def test_the_probe_leaves_training_as_it_was(train_run):
+    # Fetching the gradients at a step must not change the run: BatchNorm's statistics included.
+    common = ["model=resnet", "model.depth=8", "dataset=digits", "amp=O2", "loss_scale=dynamic", "train.max_steps=6"]
+    _, plain, _ = train_run(*common, "telemetry=grads", "telemetry.histogram_steps=[]")
+    _, probed, _ = train_run(*common, "telemetry=grads", "telemetry.histogram_steps=[2,3]")
+    assert [list(r) for r in probed] == [list(r) for r in plain]
+    np.testing.assert_equal([list(r.values()) for r in probed], [list(r.values()) for r in plain])  # NaN == NaN
+
+
+def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli("telemetry=grads", "amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={uri}",
+                  "train.progress=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 5, key
+    names = {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")}
+    assert names == {"telemetry/grad_layers.csv", "telemetry/grad_hist_step1.csv", "telemetry/grad_hist_step1.png"}
+
+
+def test_histogram_steps_outside_the_run_are_refused(tmp_path):
+    out = run_cli("telemetry=grads", "telemetry.histogram_steps=[0,50]", "train.max_steps=20", cwd=tmp_path)
+    assert out.returncode == 2 and list(tmp_path.iterdir()) == []
+    assert out.stderr.strip() == ("lsexp: config error: telemetry.histogram_steps=[0, 50]: step(s) [0, 50] are "
+                                  "outside this run's steps 1..20; pick steps in that range or raise train.max_steps")
+
+
+def test_a_sweeps_comparison_shows_what_float16_loses(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli("-m", "loss_scale=none,dynamic", "amp=O2", "telemetry=grads", "train.max_steps=5",
+                  f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    report = run_cli("report", "lsexp", "--tracking-uri", uri, "--out", str(tmp_path / "rep"), cwd=tmp_path)
+    with open(tmp_path / "rep" / "comparison.csv", newline="") as f:
+        rows = {r["choices"]: r for r in csv.DictReader(f)}
+    assert set(rows) == {"loss_scale=none", "loss_scale=dynamic"}, report.stdout
+    assert float(rows["loss_scale=dynamic"]["mean_overflow_fraction"]) > 0  # 2^24 overflows float16 at first
+    assert float(rows["loss_scale=none"]["mean_overflow_fraction"]) == 0
+    assert "mean_underflow_fraction" in (tmp_path / "rep" / "comparison.md").read_text()
