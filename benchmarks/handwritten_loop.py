@@ -13,13 +13,14 @@ counts for neither. Prints the medians and the per-pair ratios.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from ratios import report
 
 
 def handwritten() -> float:
@@ -95,12 +96,7 @@ def main(pairs: int) -> None:
         for i in range(pairs):  # one process, alternating: both meet the same machine state
             ms_per_step["lsexp"].append(lsexp_loop(Path(tmp), i))
             ms_per_step["handwritten"].append(handwritten())
-    med = {k: statistics.median(v) for k, v in ms_per_step.items()}
-    for k, v in ms_per_step.items():
-        print(f"{k:<12} median {med[k]:.2f} ms/step  {[round(s, 2) for s in v]}")
-    ratios = [s / h for s, h in zip(ms_per_step["lsexp"], ms_per_step["handwritten"])]
-    print(f"time per step, lsexp / hand-written: {med['lsexp'] / med['handwritten']:.3f}x "
-          f"(per-pair mean {statistics.mean(ratios):.3f}x, {pairs} pairs)")
+    report(ms_per_step, "lsexp / hand-written", "the default run")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from data_files import write_cifar10, write_mnist  # noqa: E402
+from ratios import report  # noqa: E402
 
 MEAN, STD = 0.1307, 0.3081
 
@@ -70,12 +70,7 @@ def per_step(pairs: int, extra: list, images: int) -> None:
                 summary = run(args, cwd, f"{kind}{i}")
                 steps = summary["steps"] // 3
                 ms_per_step[kind].append(round(1000 * sum(summary["epoch_seconds"][1:]) / (2 * steps), 2))
-    med = {k: statistics.median(v) for k, v in ms_per_step.items()}
-    for k, v in ms_per_step.items():
-        print(f"{k:<8}  median {med[k]:.2f} ms/step  {v}")
-    ratios = [p / m for p, m in zip(ms_per_step["pipeline"], ms_per_step["memory"])]
-    print(f"time per step, pipeline / memory: {med['pipeline'] / med['memory']:.3f}x "
-          f"(per-pair mean {statistics.mean(ratios):.3f}x, {pairs} pairs; {' '.join(extra) or 'defaults'})")
+    report(ms_per_step, "pipeline / memory", " ".join(extra) or "defaults")
 
 
 def cifar_memory() -> None:

@@ -6,12 +6,12 @@ against telemetry=none, alternating in one process, timed per step over epochs 2
 
 from __future__ import annotations
 
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 from handwritten_loop import lsexp_loop
+from ratios import report
 
 COMMON = ("amp=O2", "loss_scale=dynamic")
 
@@ -23,12 +23,8 @@ def main(pairs: int) -> None:
             ms_per_step["none"].append(lsexp_loop(Path(tmp), i, *COMMON, "telemetry=none"))
             ms_per_step["grads"].append(lsexp_loop(Path(tmp), i, *COMMON, "telemetry=grads",
                                                    "telemetry.histogram_steps=[]"))
-    med = {k: statistics.median(v) for k, v in ms_per_step.items()}
-    for k, v in ms_per_step.items():
-        print(f"telemetry={k:<6} median {med[k]:.2f} ms/step  {[round(s, 2) for s in v]}")
-    ratios = [g / n for n, g in zip(ms_per_step["none"], ms_per_step["grads"])]
-    print(f"time per step, grads / none: {med['grads'] / med['none']:.3f}x "
-          f"(per-pair mean {statistics.mean(ratios):.3f}x, {pairs} pairs; {' '.join(COMMON)})")
+    report({"telemetry=grads": ms_per_step["grads"], "telemetry=none": ms_per_step["none"]}, "grads / none",
+           " ".join(COMMON))
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
+        self.dynamic = isinstance(scale_sense, nn.DynamicLossScaleUpdateCell)  # a fixed scale never changes
 
     def get_overflow_status(self, status, compute_output):
         if self.native_check:
@@ -116,9 +117,11 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self.network(*inputs)
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
-        # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
-        # into the Parameter: an assign is a side effect, kept in program order before the update's.
-        scale_used = ops.depend(self.scale_used, ops.assign(self.scale_used, scaling_sens))
+        scale_used = scaling_sens
+        if self.dynamic:
+            # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
+            # into the Parameter: an assign is a side effect, kept in program order before the update's.
+            scale_used = ops.depend(self.scale_used, ops.assign(self.scale_used, scaling_sens))
         scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
         telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
