@@ -1,6 +1,7 @@
 """MLflow tracking against real stores: a temporary SQLite file, and a real `mlflow server`."""
 
 import csv
+import math
 import json
 import os
 import signal
@@ -130,6 +131,11 @@ def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
         scales = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
         assert len(scales) == 20
+        log2 = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale_log2"))
+        assert log2 == [(step, math.log2(value)) for step, value in scales]  # the UI's linear chart separates them
+    # The UI's run column shows the start of a name: a child is named by what its sweep varies.
+    assert sorted(c.info.run_name for c in children) == ["loss_scale=dynamic", "loss_scale=fixed_drop",
+                                                         "loss_scale=fixed_nodrop"]
 
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"comparison.png", "comparison.csv", "comparison.md"} <= artifacts

@@ -49,13 +49,27 @@ def _axes(plt, title: str, telemetry: bool = False):
     ax_scale.set_ylabel("loss scale (log2)")
     axes[-1].set_xlabel("step")
     if telemetry:
-        axes[2].set_ylabel("gradients lost to\nfloat16 underflow")
+        axes[2].set_ylabel("underflow fraction")
         return fig, ax_loss, ax_scale, axes[2]
     return fig, ax_loss, ax_scale
 
 
-def _draw(ax_loss, ax_scale, steps, loss, scale, overflow, label=None, color=None):
-    line, = ax_loss.plot(steps, loss, label=label, color=color, linewidth=1)
+def _smoothed(values: Sequence[float], span: int) -> List[float]:
+    """An exponential moving average over about `span` steps, so overlapping noisy losses separate."""
+    alpha, out, level = 2 / (span + 1), [], None
+    for v in values:
+        level = v if level is None or not math.isfinite(level) else level + alpha * (v - level)
+        out.append(level)
+    return out
+
+
+def _draw(ax_loss, ax_scale, steps, loss, scale, overflow, label=None, color=None, smooth=False):
+    if smooth and len(loss) > 20:  # the raw loss faint behind its moving average
+        raw, = ax_loss.plot(steps, loss, color=color, linewidth=0.5, alpha=0.25)
+        line, = ax_loss.plot(steps, _smoothed(loss, max(5, len(loss) // 10)), label=label, color=raw.get_color(),
+                             linewidth=1.2)
+    else:
+        line, = ax_loss.plot(steps, loss, label=label, color=color, linewidth=1)
     ax_scale.plot(steps, scale, label=label, color=line.get_color(), linewidth=1, drawstyle="steps-post")
     marks = [i for i, flag in enumerate(overflow) if flag]
     if marks:
@@ -122,7 +136,7 @@ def sweep_report(client, parent_run_id: str, out: Path):
         steps = sorted(loss)
         if steps:
             _draw(ax_loss, ax_scale, steps, [loss[s] for s in steps], [scale.get(s, float("nan")) for s in steps],
-                  [overflow.get(s, 0) for s in steps], label=label)
+                  [overflow.get(s, 0) for s in steps], label=label, smooth=True)
         m = child.data.metrics
         rows.append({
             "run": child.info.run_name, "choices": label, "status": child.info.status,

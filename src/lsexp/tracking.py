@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
@@ -26,6 +27,7 @@ from lsexp.store import (TrackingError, check_reachable, client_for, configured_
                          redact, resolve_uri, with_retry)
 
 PARENT_FILE = ".lsexp_parent_run_id"
+SWEPT_FILE = ".lsexp_swept_keys"
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
 
 
@@ -85,12 +87,14 @@ class _WorkerTracker:
         self.worker = tracking_worker.claim()
         tags = run_tags(cfg)
         parent = _sweep_parent_run_id()
+        name = cfg.tracking.run_name or run_name(cfg)
         if parent:
             tags["mlflow.parentRunId"] = parent
             tags["lsexp.overrides"] = " ".join(HydraConfig.get().overrides.task)
+            # The UI's run column cuts long names: a sweep's children are named by what differs.
+            name = cfg.tracking.run_name or _swept_choices() or name
         self._send(op="open", uri=cfg.tracking.uri, start_dir=_start_dir(), out_dir=str(out_dir),
-                   experiment_name=cfg.tracking.experiment_name, run_name=cfg.tracking.run_name or run_name(cfg),
-                   tags=tags, params=flat_params(cfg))
+                   experiment_name=cfg.tracking.experiment_name, run_name=name, tags=tags, params=flat_params(cfg))
         (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self.sent_rows = self.sent_eval = 0
 
@@ -159,6 +163,14 @@ def _sweep_parent_run_id() -> Optional[str]:
     return path.read_text().strip() if path.exists() else None
 
 
+def _swept_choices() -> str:
+    """This job's values of the keys its sweep varies, e.g. `amp=O2 loss_scale=dynamic`."""
+    path = Path(HydraConfig.get().sweep.dir) / SWEPT_FILE
+    swept = path.read_text().split() if path.exists() else []
+    mine = dict(o.lstrip("+~").partition("=")[::2] for o in HydraConfig.get().overrides.task)
+    return " ".join(f"{key}={mine[key]}" for key in swept if key in mine)
+
+
 def sweep_params(config: DictConfig) -> Dict[str, str]:
     """What the sweep varies: command-line overrides plus an experiment's hydra.sweeper.params."""
     params: Dict[str, str] = {}
@@ -200,6 +212,9 @@ class SweepCallback(Callback):
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
+        # A value list (a,b), a range or a choice is what the sweep varies; the jobs name themselves by it.
+        swept = [k for k, v in sweep_params(config).items() if "," in v or re.match(r"^\w+\(", v)]
+        (sweep_dir / SWEPT_FILE).write_text(" ".join(swept))
         # Hydra skips on_multirun_end when a job raises or the sweep is interrupted.
         atexit.register(self._close, sweep_dir, True)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -165,6 +166,9 @@ class MlflowRun:
         now = int(time.time() * 1000)
         metrics = [Metric(key, float(value), now, row["step"])
                    for row in rows for key, value in row.items() if key not in ("step", "epoch", "skipped_steps")]
+        # The UI charts metrics on a linear axis, where 128 vanishes beside 2^24: log2 separates them.
+        metrics += [Metric("loss_scale_log2", math.log2(row["loss_scale"]) if row["loss_scale"] > 0 else float("nan"),
+                           now, row["step"]) for row in rows]
         metrics += [Metric(key, value, now, e["step"]) for e in epoch_eval
                     for key, value in e.items() if key not in ("epoch", "step")]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
