@@ -105,6 +105,7 @@ def problems(*overrides):
     (["train.epochs=0"], "train.epochs=0"),
     (["train.max_steps=0"], "train.max_steps=0"),
     (["train.mode=eager"], "train.mode=eager"),
+    (["train.objective=accuracy"], "train.objective=accuracy"),
     (["inject.overflow_steps=[0,3]"], "inject.overflow_steps=[0, 3]"),
     (["train.max_steps=8", "inject.overflow_steps=[9]"], "inject.overflow_steps=[9]"),
     (["train.resume=/no/such.ckpt"], "train.resume=/no/such.ckpt"),

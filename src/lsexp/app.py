@@ -130,6 +130,15 @@ def _report(summary: dict, out_dir: Path) -> None:
     )
 
 
+def objective(cfg: DictConfig, summary: dict) -> float:
+    """What a search sweeper optimises: train.objective, with a diverged run (or one without a
+    held-out split to score) as the worst value."""
+    if cfg.train.objective == "eval_accuracy":
+        return float(summary["eval_accuracy"]) if not summary["diverged"] and "eval_accuracy" in summary else 0.0
+    loss = summary["final_loss"]
+    return float(loss) if not summary["diverged"] and loss is not None else sys.float_info.max
+
+
 @hydra.main(config_path=str(paths.conf_dir()), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    run(cfg)
+def main(cfg: DictConfig) -> float:
+    return objective(cfg, run(cfg))

@@ -25,6 +25,7 @@ from lsexp.store import redact
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_DTYPES = ("float16", "bfloat16")
 MODES = ("graph", "pynative")
+OBJECTIVES = ("final_loss", "eval_accuracy")
 FIXED_MANAGER = "mindspore.amp.FixedLossScaleManager"
 DYNAMIC_MANAGER = "mindspore.amp.DynamicLossScaleManager"
 NO_SCALING = "mindspore.nn.TrainOneStepCell"
@@ -98,6 +99,9 @@ class TrainConfig:
     save_checkpoint_steps: Optional[int] = None
     resume: Optional[str] = None
     progress: bool = True
+    # What a job returns to a search sweeper (hydra/sweeper=optuna): eval_accuracy (maximise) or
+    # final_loss (minimise); a diverged run counts as the worst value.
+    objective: str = "final_loss"
 
 
 @dataclass
@@ -275,6 +279,8 @@ def validate(cfg: DictConfig) -> None:
         p.append(f"train.epochs={t.epochs}: must be >= 1; e.g. 10")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps={t.max_steps}: must be >= 1, or null for no cap")
+    if t.objective not in OBJECTIVES:
+        p.append(f"train.objective={t.objective}: use one of {', '.join(OBJECTIVES)}")
     if t.mode not in MODES:
         p.append(f"train.mode={t.mode}: use graph or pynative")
     if t.save_checkpoint_steps is not None and t.save_checkpoint_steps < 1:

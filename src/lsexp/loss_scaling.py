@@ -121,7 +121,7 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         if self.dynamic:
             # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
             # into the Parameter: an assign is a side effect, kept in program order before the update's.
-            scale_used = ops.depend(self.scale_used, ops.assign(self.scale_used, scaling_sens))
+            scale_used = ops.assign(self.scale_used, scaling_sens)
         scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
         telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []

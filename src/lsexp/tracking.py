@@ -164,11 +164,14 @@ def _sweep_parent_run_id() -> Optional[str]:
 
 
 def _swept_choices() -> str:
-    """This job's values of the keys its sweep varies, e.g. `amp=O2 loss_scale=dynamic`."""
+    """This job's values of the keys its sweep varies, short enough for the UI's run column, which
+    shows ~15 characters: a group's option alone (`O2 dynamic`), a key's last part with its value
+    (`dynamic scale_window=20`)."""
     path = Path(HydraConfig.get().sweep.dir) / SWEPT_FILE
     swept = path.read_text().split() if path.exists() else []
     mine = dict(o.lstrip("+~").partition("=")[::2] for o in HydraConfig.get().overrides.task)
-    return " ".join(f"{key}={mine[key]}" for key in swept if key in mine)
+    return " ".join(mine[key] if "." not in key else f"{key.rsplit('.', 1)[1]}={mine[key]}"
+                    for key in swept if key in mine)
 
 
 def sweep_params(config: DictConfig) -> Dict[str, str]:
@@ -221,6 +224,24 @@ class SweepCallback(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._close(Path(config.hydra.sweep.dir), interrupted=False)
 
+    def _tag_best_trial(self, sweep_dir: Path, run_id: str, children) -> None:
+        """A search sweeper (optuna) leaves its best parameters in optimization_results.yaml: tag the
+        trial that had them, and log them on the parent."""
+        results = sweep_dir / "optimization_results.yaml"
+        if not results.exists():
+            return
+        best = {str(k): str(v) for k, v in (OmegaConf.load(results).get("best_params") or {}).items()}
+        for child in children:
+            mine = dict(o.lstrip("+~").partition("=")[::2] for o in child.data.tags.get("lsexp.overrides", "").split())
+            if best and all(mine.get(k) == v for k, v in best.items()):
+                with_retry(self.client.set_tag, child.info.run_id, "lsexp.best_trial", "true")
+                with_retry(self.client.set_tag, run_id, "lsexp.best_run_id", child.info.run_id)
+                break
+        log_params(self.client, run_id, {f"best.{k}": v for k, v in best.items()})
+        value = OmegaConf.load(results).get("best_value")
+        if value is not None:
+            with_retry(self.client.log_metric, run_id, "best_value", float(value))
+
     def _close(self, sweep_dir: Path, interrupted: bool) -> None:
         """Attach the comparison of whatever children exist, then end the parent: FINISHED when every
         child finished, FAILED when one failed, KILLED when the sweep was cut short otherwise."""
@@ -237,6 +258,7 @@ class SweepCallback(Callback):
                 with_retry(self.client.log_artifact, run_id, str(path))
             if any(c.info.status == "FAILED" for c in children):
                 status = "FAILED"
+            self._tag_best_trial(sweep_dir, run_id, children)
         except Exception as err:
             status = "FAILED"
             with_retry(self.client.set_tag, run_id, "lsexp.error", f"comparison failed: {err}"[:5000])
