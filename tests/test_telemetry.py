@@ -82,16 +82,3 @@ def test_histogram_steps_outside_the_run_are_refused(tmp_path):
     assert out.stderr.strip() == ("lsexp: config error: telemetry.histogram_steps=[0, 50]: step(s) [0, 50] are "
                                   "outside this run's steps 1..20; pick steps in that range or raise train.max_steps")
 
-
-def test_a_sweeps_comparison_shows_what_float16_loses(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli("-m", "loss_scale=none,dynamic", "amp=O2", "telemetry=grads", "train.max_steps=5",
-                  f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    report = run_cli("report", "lsexp", "--tracking-uri", uri, "--out", str(tmp_path / "rep"), cwd=tmp_path)
-    with open(tmp_path / "rep" / "comparison.csv", newline="") as f:
-        rows = {r["choices"]: r for r in csv.DictReader(f)}
-    assert set(rows) == {"loss_scale=none", "loss_scale=dynamic"}, report.stdout
-    assert float(rows["loss_scale=dynamic"]["mean_overflow_fraction"]) > 0  # 2^24 overflows float16 at first
-    assert float(rows["loss_scale=none"]["mean_overflow_fraction"]) == 0
-    assert "mean_underflow_fraction" in (tmp_path / "rep" / "comparison.md").read_text()

@@ -107,7 +107,7 @@ def basic_sweep(tmp_path_factory):
     root = tmp_path_factory.mktemp("sweep")
     uri = store(root)
     out = run_cli("-m", "loss_scale=fixed_drop,fixed_nodrop,dynamic", "amp=O2", "train.max_steps=20",
-                  f"tracking.uri={uri}", *FAST, cwd=root)
+                  "telemetry=grads", f"tracking.uri={uri}", *FAST, cwd=root)
     assert out.returncode == 0, out.stderr
     return root, uri
 
@@ -143,6 +143,10 @@ def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
                                                    "loss_scale=fixed_nodrop"]
     dynamic = next(r for r in table if r["choices"] == "loss_scale=dynamic")
     assert int(dynamic["skipped_steps"]) > 0 and dynamic["diverged"] == "false"
+    # With telemetry the table says what float16 broke: 2^24 overflows it at first, 128 never here.
+    fixed = next(r for r in table if r["choices"] == "loss_scale=fixed_drop")
+    assert float(dynamic["mean_overflow_fraction"]) > 0 and float(fixed["mean_overflow_fraction"]) == 0
+    assert "mean_underflow_fraction" in open(client.download_artifacts(parent.info.run_id, "comparison.md")).read()
 
 
 def _overrides(job: Path):

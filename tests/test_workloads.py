@@ -68,7 +68,7 @@ def test_transformer_every_amp_level_and_strategy(train_run, text_file, amp, str
                f"loss_scale={strategy}")
 
 
-@pytest.mark.parametrize("amp,strategy", [("O1", "fixed_nodrop"), ("O3", "dynamic")])
+@pytest.mark.parametrize("amp,strategy", [("O3", "dynamic")])  # the rest: the slow grid above
 def test_transformer_trains_in_float16(train_run, text_file, amp, strategy):
     _short_run(train_run, "model=transformer", "dataset=sequence", f"amp={amp}", f"loss_scale={strategy}")
     _short_run(train_run, "model=transformer", "dataset=text", f"dataset.path={text_file}", f"amp={amp}",
