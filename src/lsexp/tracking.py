@@ -163,23 +163,25 @@ def _sweep_parent_run_id() -> Optional[str]:
     return path.read_text().strip() if path.exists() else None
 
 
+def overrides_dict(overrides) -> Dict[str, str]:
+    """Hydra overrides (`+a.b=1`, `amp=O2`) as key -> value, the add/delete prefixes dropped."""
+    return dict(o.lstrip("+~").partition("=")[::2] for o in overrides)
+
+
 def _swept_choices() -> str:
     """This job's values of the keys its sweep varies, short enough for the UI's run column, which
     shows ~15 characters: a group's option alone (`O2 dynamic`), a key's last part with its value
     (`dynamic scale_window=20`)."""
     path = Path(HydraConfig.get().sweep.dir) / SWEPT_FILE
     swept = path.read_text().split() if path.exists() else []
-    mine = dict(o.lstrip("+~").partition("=")[::2] for o in HydraConfig.get().overrides.task)
+    mine = overrides_dict(HydraConfig.get().overrides.task)
     return " ".join(mine[key] if "." not in key else f"{key.rsplit('.', 1)[1]}={mine[key]}"
                     for key in swept if key in mine)
 
 
 def sweep_params(config: DictConfig) -> Dict[str, str]:
     """What the sweep varies: command-line overrides plus an experiment's hydra.sweeper.params."""
-    params: Dict[str, str] = {}
-    for override in config.hydra.overrides.task:
-        key, _, value = override.partition("=")
-        params[key.lstrip("+~")] = value
+    params = overrides_dict(config.hydra.overrides.task)
     swept = OmegaConf.select(config, "hydra.sweeper.params") or {}
     params.update({str(k): str(v) for k, v in swept.items()})
     return params
@@ -232,7 +234,7 @@ class SweepCallback(Callback):
             return
         best = {str(k): str(v) for k, v in (OmegaConf.load(results).get("best_params") or {}).items()}
         for child in children:
-            mine = dict(o.lstrip("+~").partition("=")[::2] for o in child.data.tags.get("lsexp.overrides", "").split())
+            mine = overrides_dict(child.data.tags.get("lsexp.overrides", "").split())
             if best and all(mine.get(k) == v for k, v in best.items()):
                 with_retry(self.client.set_tag, child.info.run_id, "lsexp.best_trial", "true")
                 with_retry(self.client.set_tag, run_id, "lsexp.best_run_id", child.info.run_id)
