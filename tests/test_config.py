@@ -17,6 +17,8 @@ OPTIONS = {
     "optimizer": ["momentum"],
     "device": ["cpu", "auto"],
     "tracking": ["mlflow", "none"],
+    "workload": ["lenet5_digits", "resnet_digits", "resnet8_digits", "mlp_digits", "deep_mlp_digits",
+                 "transformer_sequence"],
 }
 
 
@@ -135,6 +137,7 @@ def test_seed_blog_experiment_sweeps_the_three_setups():
     cfg = compose_cfg("experiment=seed_blog", hydra_cfg=True)
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
     assert cfg.hydra.sweeper.params.loss_scale == "fixed_drop,fixed_nodrop,dynamic_seed_blog"
+    assert cfg.hydra.sweeper.params.amp == "O0,O2,O3"
     blog = compose_cfg("experiment=seed_blog", "loss_scale=dynamic_seed_blog").loss_scale
     assert (blog.init_loss_scale, blog.scale_factor, blog.scale_window) == (2**24, 4, 3000)
     nodrop = compose_cfg("experiment=seed_blog", "loss_scale=fixed_nodrop")
@@ -169,3 +172,24 @@ def test_cli_unknown_option_lists_hydra_options(tmp_path):
     assert "Could not find 'loss_scale/fixed'" in out.stderr
     for option in ("fixed_drop", "fixed_nodrop", "dynamic"):
         assert option in out.stderr
+
+
+def test_a_workload_picks_the_model_and_the_data_set_and_the_command_line_still_wins():
+    cfg = compose_cfg("workload=resnet8_digits")
+    assert cfg.model._target_.endswith("ResNet") and cfg.model.depth == 8 and cfg.dataset._target_.endswith("digits")
+    assert compose_cfg("workload=resnet8_digits", "model.depth=14").model.depth == 14
+
+
+@pytest.mark.parametrize("study", ["underflow", "scale_sweep", "none_vs_scaled", "dynamic_window"])
+def test_every_study_composes_validates_and_names_its_report(study):
+    from lsexp import studies
+
+    cfg = compose_cfg(f"experiment={study}", hydra_cfg=True)
+    assert cfg.study == study and study in studies.available()
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN"
+    validate(compose_cfg(f"experiment={study}"))
+
+
+def test_an_unknown_study_is_one_line_naming_the_choices():
+    with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of dynamic_window, none_vs_scaled"):
+        validate(compose_cfg("study=nope"))

@@ -135,6 +135,8 @@ class Config:
     tracking: TrackingConfig = MISSING
     inject: InjectConfig = field(default_factory=InjectConfig)
     telemetry: TelemetryConfig = MISSING
+    # A sweep's own table and figure, drawn by lsexp.studies.<study> when the sweep ends (experiments/ set it).
+    study: Optional[str] = None
 
 
 def register_configs() -> None:
@@ -263,6 +265,11 @@ def validate(cfg: DictConfig) -> None:
                 f"the gradients by the scale, so they would be divided twice; set optimizer.loss_scale=1 "
                 f"or leave it unset"
             )
+    if cfg.study is not None:
+        from lsexp import studies
+
+        if cfg.study not in studies.available():
+            p.append(f"study={cfg.study}: no such study; use one of {', '.join(studies.available())} or null")
     if not _finite_positive(cfg.optimizer.learning_rate):
         p.append(f"optimizer.learning_rate={cfg.optimizer.learning_rate}: must be a finite number > 0")
     if "momentum" in cfg.optimizer and not 0 <= cfg.optimizer.momentum:

@@ -201,6 +201,11 @@ def main(argv: Sequence[str] = ()) -> int:
         run_id = args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
         out = Path(args.out or Path("reports") / run_id)
         children = sweep_report(client, run_id, out)
+        study = client.get_run(run_id).data.tags.get("lsexp.study")
+        if study and children:
+            from lsexp import studies
+
+            studies.write(study, client, children, _labels(children), out)
     except (TrackingError, LookupError) as err:
         print(f"lsexp report: {err}", file=sys.stderr)
         return 2
@@ -209,6 +214,9 @@ def main(argv: Sequence[str] = ()) -> int:
         return 2
     print(f"{len(children)} runs of sweep {run_id} -> {out}/comparison.png, comparison.csv, comparison.md")
     print((out / "comparison.md").read_text(), end="")
+    if study and children:
+        print(f"study {study} -> {out}/{study}.png, {study}.csv, {study}.md")
+        print((out / f"{study}.md").read_text(), end="")
     return 0
 
 

@@ -195,6 +195,7 @@ class SweepCallback(Callback):
     def __init__(self) -> None:
         self.client = None
         self.run_id: Optional[str] = None
+        self.study: Optional[str] = None
         self.uri = ""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -213,6 +214,9 @@ class SweepCallback(Callback):
         run = with_retry(self.client.create_run, experiment_id, run_name=name,
                          tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())})
         self.run_id = run.info.run_id
+        self.study = config.get("study")
+        if self.study:  # so that `lsexp report` redraws the study too
+            with_retry(self.client.set_tag, self.run_id, "lsexp.study", self.study)
         log_params(self.client, self.run_id, {k: redact(v) for k, v in sweep_params(config).items()})
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -258,6 +262,12 @@ class SweepCallback(Callback):
             children = sweep_report(self.client, run_id, out)
             for path in sorted(out.iterdir()):
                 with_retry(self.client.log_artifact, run_id, str(path))
+            if self.study and children:
+                from lsexp import studies
+                from lsexp.report import _labels
+
+                for path in studies.write(self.study, self.client, children, _labels(children), sweep_dir / "study"):
+                    with_retry(self.client.log_artifact, run_id, str(path), "study")
             if any(c.info.status == "FAILED" for c in children):
                 status = "FAILED"
             self._tag_best_trial(sweep_dir, run_id, children)

@@ -1,0 +1,89 @@
+"""The studies under experiments/, each run for real as a small sweep: the table and figure they
+write, and their arithmetic checked against the runs' own histories and telemetry."""
+
+import csv
+import math
+
+import pytest
+
+from conftest import run_cli
+
+
+def _sweep(tmp_path, *overrides):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli(*overrides, f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(uri)
+    found = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    (parent,) = [r for r in found if r.data.tags.get("lsexp.sweep") == "true"]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    return client, parent, children
+
+
+def _table(tmp_path, client, parent, study):
+    (folder,) = tmp_path.glob("multirun/*/*/study")
+    assert {p.name for p in folder.iterdir()} == {f"{study}.csv", f"{study}.md", f"{study}.png"}
+    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "study")}
+    assert logged == {f"study/{study}.csv", f"study/{study}.md", f"study/{study}.png"}
+    assert parent.data.tags["lsexp.study"] == study
+    with open(folder / f"{study}.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def test_underflow_study_fractions_equal_the_in_step_telemetry(tmp_path):
+    client, parent, children = _sweep(tmp_path, "experiment=underflow", "workload=lenet5_digits,mlp_digits",
+                                      "train.max_steps=3", "telemetry.histogram_steps=[1,3]")
+    rows = _table(tmp_path, client, parent, "underflow")
+    assert len(rows) == 4  # two workloads, two histogram steps
+    for row in rows:
+        (child,) = [c for c in children if row["workload"] in c.data.tags["lsexp.overrides"]]
+        in_step = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "underflow_fraction")}
+        # The histogram's count below 2^-24 at S=1 is what the compiled step counted (float32 vs float64 sums).
+        assert float(row["lost_at_2^0"]) == pytest.approx(in_step[int(row["step"])], abs=1e-6)
+        lost = [float(row[f"lost_at_2^{k}"]) for k in range(0, 25, 4)]
+        assert lost == sorted(lost, reverse=True) and lost[-1] == 0.0
+    assert any(float(r["lost_at_2^0"]) > 0 for r in rows)  # LeNet5's Normal(0.02) weights: ~0.2% at S=1
+
+
+def test_none_vs_scaled_measures_the_gradient_no_scaling_loses(tmp_path):
+    client, parent, children = _sweep(tmp_path, "experiment=none_vs_scaled", "workload=deep_mlp_digits",
+                                      "model.hidden_units=[64,64,64,64,64,64]", "loss_scale=none,fixed_drop",
+                                      "train.seed=1", "train.max_steps=2")
+    rows = {r["choices"]: r for r in _table(tmp_path, client, parent, "none_vs_scaled")}
+    none, fixed = rows["loss_scale=none"], rows["loss_scale=fixed_drop"]
+    # Same weights and batch at step 1: the extra zeros are gradients float16 flushed without a scale.
+    assert float(none["lost_at_step1"]) == pytest.approx(
+        float(none["step1_zero_fraction"]) - float(fixed["step1_zero_fraction"]))
+    assert float(none["lost_at_step1"]) > 0.5
+
+
+def test_scale_sweep_shows_both_ends_of_the_window(tmp_path):
+    client, parent, children = _sweep(tmp_path, "experiment=scale_sweep", "workload=deep_mlp_digits", "amp=O3",
+                                      "loss_scale.loss_scale=1,4096,16777216", "train.max_steps=3")
+    rows = {float(r["log2_scale"]): r for r in _table(tmp_path, client, parent, "scale_sweep")}
+    assert sorted(rows) == [0.0, 12.0, 24.0]
+    assert float(rows[24.0]["skipped_fraction"]) == 1.0  # too large: every step overflows and is skipped
+    assert float(rows[12.0]["skipped_fraction"]) == 0.0 and float(rows[0.0]["skipped_fraction"]) == 0.0
+    # too small: most of the gradient flushes to zero
+    assert float(rows[0.0]["step1_zero_fraction"]) > float(rows[12.0]["step1_zero_fraction"]) + 0.5
+
+
+def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_path):
+    client, parent, children = _sweep(tmp_path, "experiment=dynamic_window", "loss_scale.scale_window=5",
+                                      "loss_scale.scale_factor=2,4", "inject.overflow_steps=[20,21]",
+                                      "train.max_steps=40")
+    rows = {int(r["scale_factor"]): r for r in _table(tmp_path, client, parent, "dynamic_window")}
+    for factor, row in rows.items():
+        (child,) = [c for c in children if c.data.params["loss_scale.scale_factor"] == str(factor)]
+        scale = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "loss_scale")}
+        overflow = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "overflow")}
+        backoff = int(row["initial_backoff_skipped"])
+        assert backoff > 0 and all(overflow[s] == 1 for s in range(1, backoff + 1)) and overflow[backoff + 1] == 0
+        assert scale[backoff + 1] == 2.0**24 / factor**backoff
+        assert sum(int(part.split(":")[1]) for part in row["steps_at_each_scale"].split()) == 40
+        # Two overflows divide the scale by factor^2; two windows of 5 clean steps multiply it back.
+        before = scale[19]
+        assert scale[22] == before / factor**2
+        assert f"20-21 from 2^{int(math.log2(before))}: 10 steps below" in row["recovery_after_bursts"]
