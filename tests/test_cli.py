@@ -46,7 +46,7 @@ def test_built_wheel_carries_the_configs(tmp_path):
     code = "import lsexp.paths as p; print(p.conf_dir())"
     where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert where.stdout.strip() == str(site / "lsexp" / "conf")
-    out = run_cli("experiment=seed_blog", "train.max_steps=2", "tracking=none", "train.progress=false",
+    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=2", "tracking=none", "train.progress=false",
                   cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert len(list(tmp_path.glob("multirun/*/*/*/history.csv"))) == 3
@@ -54,7 +54,7 @@ def test_built_wheel_carries_the_configs(tmp_path):
 
 @pytest.mark.slow
 def test_seed_blog_full_ten_epochs_per_epoch_loss_matches_the_article(tmp_path):
-    out = run_cli("experiment=seed_blog", "tracking=none", "train.progress=false", cwd=tmp_path, timeout=1200)
+    out = run_cli("experiment=seed_blog", "amp=O0", "tracking=none", "train.progress=false", cwd=tmp_path, timeout=1200)
     assert out.returncode == 0, out.stderr
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/*/summary.json")]
     assert sorted(s["strategy"] for s in summaries) == ["dynamic", "fixed_drop", "fixed_nodrop"]

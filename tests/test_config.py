@@ -193,3 +193,9 @@ def test_every_study_composes_validates_and_names_its_report(study):
 def test_an_unknown_study_is_one_line_naming_the_choices():
     with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of dynamic_window, none_vs_scaled"):
         validate(compose_cfg("study=nope"))
+
+
+def test_an_experiment_sets_plain_keys_of_the_primary_config_too():
+    # The primary config's own keys (inject) come first, so an experiment's values win over them.
+    assert list(compose_cfg("experiment=dynamic_window").inject.overflow_steps) == [801, 802, 803, 1601, 1602, 1603]
+    assert list(compose_cfg("experiment=dynamic_window", "inject.overflow_steps=[5]").inject.overflow_steps) == [5]

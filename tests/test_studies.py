@@ -3,6 +3,8 @@ write, and their arithmetic checked against the runs' own histories and telemetr
 
 import csv
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -87,3 +89,12 @@ def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_p
         before = scale[19]
         assert scale[22] == before / factor**2
         assert f"20-21 from 2^{int(math.log2(before))}: 10 steps below" in row["recovery_after_bursts"]
+
+    # lsexp report redraws the study from the store alone, to the same table.
+    again = subprocess.run([sys.executable, "-m", "lsexp.report", parent.info.run_id, "--tracking-uri",
+                            f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "again")],
+                           capture_output=True, text=True, cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    (first,) = tmp_path.glob("multirun/*/*/study/dynamic_window.csv")
+    assert (tmp_path / "again" / "dynamic_window.csv").read_text() == first.read_text()
+    assert (tmp_path / "again" / "dynamic_window.png").stat().st_size > 0

@@ -206,7 +206,7 @@ def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
 
 def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
     uri = store(tmp_path)
-    out = run_cli("experiment=seed_blog", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     _, _, found = runs(uri)
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
