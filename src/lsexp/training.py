@@ -212,7 +212,16 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
         summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
         history.write_csv(out_dir / "history.csv")
         (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        _release_graphs()
     return summary
+
+
+def _release_graphs() -> None:
+    # The jobs of a basic or joblib sweep, and Ray's reused workers, train one network after
+    # another in one process; MindSpore keeps every compiled graph and its memory until told.
+    import mindspore as ms
+
+    ms.ms_memory_recycle()
 
 
 def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], scale_now) -> dict:

@@ -81,10 +81,10 @@ def figure(plt, runs: List[StudyRun], rows):
         ax.legend(fontsize=7, loc="upper left")
     ax_lost.axhline(0.05, color="gray", linestyle="--", linewidth=1, label="~5%: the paper's speech model")
     ax_lost.set_yscale("log")
-    ax_lost.set_ylim(1e-9, 1)
+    ax_lost.set_ylim(1e-9, 1)  # a fraction of 0 is drawn at the bottom edge
     ax_lost.set_xlabel("log2 S (loss scale)")
     ax_lost.set_ylabel("fraction lost in float16 (|g·S| < 2⁻²⁴)")
     ax_lost.set_title("what a loss scale S saves", fontsize=9)
-    ax_lost.legend(fontsize=6, loc="upper right")
+    ax_lost.legend(fontsize=6, loc="lower left")
     fig.suptitle("Gradient exponents in float32 training, and the share float16 would flush to zero")
     return fig
