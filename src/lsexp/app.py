@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -73,8 +74,11 @@ def _terminate_as_interrupt(signum, frame):
 def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
+    from lsexp.device import threads_for
+
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
+        cfg.device.threads_num = threads_for(cfg.device.threads_num, _parallel_jobs())
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
@@ -93,6 +97,16 @@ def run(cfg: DictConfig) -> dict:
         raise SystemExit(130) from None
     _report(summary, out_dir)
     return summary
+
+
+def _parallel_jobs() -> int:
+    """How many of this sweep's jobs run at once on this machine (joblib's n_jobs; 1 otherwise)."""
+    if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
+        return 1
+    n_jobs = HydraConfig.get().launcher.get("n_jobs")
+    if n_jobs is None:
+        return 1
+    return (os.cpu_count() or 1) if n_jobs < 0 else int(n_jobs)
 
 
 def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:

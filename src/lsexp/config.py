@@ -87,6 +87,9 @@ class MomentumConfig(OptimizerConfig):
 class DeviceConfig:
     device_target: str = "CPU"  # CPU, GPU, Ascend or auto
     device_id: int = 0
+    # mindspore.device_context.cpu.op_tuning.threads_num: MindSpore's CPU kernel threads. None: its
+    # default, or the cores divided among the jobs when a sweep runs jobs in parallel (joblib n_jobs).
+    threads_num: Optional[int] = None
 
 
 @dataclass

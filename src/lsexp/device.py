@@ -67,6 +67,8 @@ def device_problems(dev) -> List[str]:
         return [f"device.device_target={name}: unknown target; use device=cpu, gpu, ascend or auto"]
     if dev.device_id < 0:
         return [f"device.device_id={dev.device_id}: must be >= 0"]
+    if dev.threads_num is not None and dev.threads_num < 1:
+        return [f"device.threads_num={dev.threads_num}: must be >= 1, or null for MindSpore's default"]
     target = resolve_target(name)
     why = _why_not(target)
     if why:
@@ -75,12 +77,23 @@ def device_problems(dev) -> List[str]:
 
 
 _device_set: Optional[tuple] = None  # MindSpore takes the device once, before the first kernel runs
+_threads_set: Optional[int] = None  # and its kernel threads once per process
+
+
+def threads_for(configured: Optional[int], parallel_jobs: int) -> Optional[int]:
+    """device.threads_num as given, or, for jobs that share the machine, its cores split among them:
+    the CPU step is bound by MindSpore's executor, not by kernel threads, so two 1-thread jobs side
+    by side finish sooner than one after the other with every core each."""
+    if configured is not None or parallel_jobs <= 1:
+        return configured
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // parallel_jobs)
 
 
 def configure(dev, mode: str) -> str:
     """Point MindSpore at the target and execution mode; returns the target in use. Callable again
     (a traced batch runs in PyNative before a graph-mode run) with the same device."""
-    global _device_set
+    global _device_set, _threads_set
     import mindspore as ms
 
     target = resolve_target(str(dev.device_target))
@@ -88,4 +101,10 @@ def configure(dev, mode: str) -> str:
     if _device_set != (target, dev.device_id):
         ms.set_device(target, dev.device_id)
         _device_set = (target, dev.device_id)
+    threads = dev.get("threads_num")
+    if threads is not None and _threads_set is None:
+        # MindSpore refuses a second setting; a reused sweep worker keeps its first job's value,
+        # which is the same for every job of one sweep.
+        ms.device_context.cpu.op_tuning.threads_num(int(threads))
+        _threads_set = int(threads)
     return target
