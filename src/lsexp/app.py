@@ -110,9 +110,11 @@ def _parallel_jobs() -> int:
 
 
 def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
-    from lsexp import device, tracking, training
+    from lsexp import device, parallel, tracking, training
 
     with tracking.tracker(cfg, out_dir) as tracker:
+        if parallel.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
+            return _launch_ranks(cfg, out_dir, tracker)
         try:
             target = device.configure(cfg.device, cfg.train.mode)
         except (RuntimeError, ValueError) as err:
@@ -128,6 +130,25 @@ def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
         finally:
             tracker.send_steps(history)
     return summary
+
+
+def _launch_ranks(cfg: DictConfig, out_dir: Path, tracker) -> dict:
+    from lsexp import parallel, training
+
+    history = training.History()
+    try:
+        return parallel.launch(cfg, out_dir)
+    except parallel.RankFailure as err:
+        raise SystemExit(f"lsexp: parallel=data: {err}") from None
+    finally:  # whatever rank 0 trained, also when the run was stopped or a rank died
+        if (out_dir / "history.csv").exists():
+            history.rows = training.read_history(out_dir / "history.csv")
+            summary = out_dir / "summary.json"
+            if summary.exists():
+                import json
+
+                history.epoch_eval = json.loads(summary.read_text()).get("epoch_eval", [])
+        tracker.send_steps(history)
 
 
 def _report(summary: dict, out_dir: Path) -> None:

@@ -116,6 +116,22 @@ class TelemetryConfig:
 @dataclass
 class InjectConfig:
     overflow_steps: List[int] = field(default_factory=list)
+    rank: Optional[int] = None  # with parallel=data: the one rank whose gradients are poisoned (None: all)
+
+
+PARALLEL_MODES = ("stand_alone", "data_parallel")
+
+
+@dataclass
+class ParallelConfig:
+    """mindspore.set_auto_parallel_context's parallel_mode and gradients_mean, and msrun's options."""
+
+    parallel_mode: str = "stand_alone"
+    workers: int = 1  # msrun --worker_num (all on this node)
+    gradients_mean: bool = True
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    cluster_time_out: int = 300
 
 
 @dataclass
@@ -137,6 +153,7 @@ class Config:
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING
     inject: InjectConfig = field(default_factory=InjectConfig)
+    parallel: ParallelConfig = MISSING
     telemetry: TelemetryConfig = MISSING
     # A sweep's own table and figure, drawn by lsexp.studies.<study> when the sweep ends (experiments/ set it).
     study: Optional[str] = None
@@ -158,6 +175,7 @@ def register_configs() -> None:
         ("train", "base_train", TrainConfig),
         ("tracking", "base_tracking", TrackingConfig),
         ("telemetry", "base_telemetry", TelemetryConfig),
+        ("parallel", "base_parallel", ParallelConfig),
     ]:
         cs.store(group=group, name=name, node=node)
     # experiments/ sits at the top of the checkout; ConfigStore makes its files the options of
@@ -188,8 +206,13 @@ def optimizer_loss_scale(cfg: DictConfig) -> float:
     return manager_scale(cfg) if strategy(cfg) == "fixed_nodrop" else 1.0
 
 
+def world_size(cfg: DictConfig) -> int:
+    return int(cfg.parallel.workers) if cfg.parallel.parallel_mode == "data_parallel" else 1
+
+
 def steps_per_epoch(cfg: DictConfig, num_train: int) -> int:
-    b = cfg.dataset.batch_size
+    """Each of the world's ranks takes its own batch of dataset.batch_size at every step."""
+    b = cfg.dataset.batch_size * world_size(cfg)
     return num_train // b if cfg.dataset.drop_remainder else -(-num_train // b)
 
 
@@ -268,6 +291,24 @@ def validate(cfg: DictConfig) -> None:
                 f"the gradients by the scale, so they would be divided twice; set optimizer.loss_scale=1 "
                 f"or leave it unset"
             )
+    par = cfg.parallel
+    if par.parallel_mode not in PARALLEL_MODES:
+        p.append(f"parallel.parallel_mode={par.parallel_mode}: use data_parallel (parallel=data) or stand_alone")
+    elif par.parallel_mode == "data_parallel":
+        if par.workers < 1:
+            p.append(f"parallel.workers={par.workers}: must be >= 1")
+        if families.of("dataset", cfg.dataset._target_) is None:
+            p.append(f"parallel=data with dataset._target_={cfg.dataset._target_}: a data set of your own cannot "
+                     f"be sharded by lsexp yet; use a built-in data set or parallel=none")
+        if not cfg.dataset.drop_remainder:
+            p.append("dataset.drop_remainder=false with parallel=data: every rank must take the same number "
+                     "of steps; set dataset.drop_remainder=true")
+        if cfg.train.mode != "graph":
+            p.append(f"train.mode={cfg.train.mode} with parallel=data: data parallel runs in graph mode; "
+                     f"set train.mode=graph")
+    if cfg.inject.rank is not None and not 0 <= cfg.inject.rank < world_size(cfg):
+        p.append(f"inject.rank={cfg.inject.rank}: there are ranks 0..{world_size(cfg) - 1}; "
+                 f"use one of them, or null for every rank")
     if cfg.study is not None:
         from lsexp import studies
 

@@ -27,9 +27,18 @@ def epoch_order(n: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
 
 
 def _epoch_slice(n: int, d, epoch: int, start: int) -> np.ndarray:
-    """The positions (into 0..n-1) of one epoch's samples, from batch `start` on."""
-    stop = n - n % d.batch_size if d.drop_remainder else n
-    return epoch_order(n, d.seed, epoch, d.shuffle)[start * d.batch_size:stop]
+    """The positions (into 0..n-1) of one epoch's samples, from batch `start` on. With data parallel
+    (dataset.num_shards ranks), global step i takes the epoch's i-th run of num_shards batches and
+    rank shard_id the shard_id-th batch of it: the ranks' batches together are the batch one
+    process with num_shards times the batch size would take."""
+    shards, shard = d.get("num_shards") or 1, d.get("shard_id") or 0
+    step = d.batch_size * shards
+    stop = n - n % step if d.drop_remainder else n
+    order = epoch_order(n, d.seed, epoch, d.shuffle)[start * step:stop]
+    if shards == 1:
+        return order
+    whole = len(order) // step * step
+    return order[:whole].reshape(-1, shards, d.batch_size)[:, shard].reshape(-1)
 
 
 def one_hot(labels: np.ndarray, num_classes: int) -> np.ndarray:

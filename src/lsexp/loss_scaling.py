@@ -50,7 +50,8 @@ TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fract
 class _StepRecorder:
     """Step counter, injection and stats shared by both train-step cells."""
 
-    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool):
+    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
+                       inject_graph: bool = False):
         self.native_check = native_check
         self.telemetry = telemetry
         self.tiny = Tensor(FP16_TINY, mstype.float32)
@@ -60,7 +61,9 @@ class _StepRecorder:
         # injection needs it inside the step; otherwise the host sets it before each save.
         self.lsexp_step = Parameter(Tensor(0, mstype.int32), name="lsexp_step", requires_grad=False)
         steps = sorted(set(inject_steps))
-        self.inject = bool(steps)
+        # Data parallel ranks must compile the same graph, so that their gradient all-reduces line up:
+        # a rank that injects nothing still carries the (all-false) injection table then.
+        self.inject = bool(steps) or inject_graph
         table = np.zeros(last_step + 2, dtype=np.bool_)
         table[steps] = True
         self.inject_table = Tensor(table)
@@ -100,9 +103,9 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
     def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False,
-                 telemetry=False):
+                 telemetry=False, inject_graph=False):
         super().__init__(network, optimizer, scale_sense)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = isinstance(scale_sense, nn.DynamicLossScaleUpdateCell)  # a fixed scale never changes
 
@@ -126,8 +129,10 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
         telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
         grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
-        grads = self.grad_reducer(grads)
+        # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
+        # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
         grads = self._advance_and_inject(grads)
+        grads = self.grad_reducer(grads)
         cond = self.get_overflow_status(status, grads)
         overflow = self.process_loss_scale(cond)
         if not overflow:
@@ -144,9 +149,9 @@ class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
     the overflow flag is only recorded."""
 
     def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False,
-                 telemetry=False):
+                 telemetry=False, inject_graph=False):
         super().__init__(network, optimizer, sens)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
         self.scale = Tensor(sens, mstype.float32)
 
     def construct(self, *inputs):
@@ -154,8 +159,8 @@ class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         telemetry = self._grad_telemetry(grads, self.scale) if self.telemetry else []
-        grads = self.grad_reducer(grads)
         grads = self._advance_and_inject(grads)
+        grads = self.grad_reducer(grads)
         overflow = ops.logical_not(all_finite(grads))
         loss = ops.depend(loss, self.optimizer(grads))
         # An overflowed update is applied here, so check what it did to the parameters.
@@ -169,10 +174,13 @@ def build_optimizer(cfg, params) -> nn.Optimizer:
 
 
 def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool) -> nn.Cell:
-    """The loss_scale group as a train-step cell, built as ms.Model would build it."""
-    kwargs = dict(inject_steps=list(cfg.inject.overflow_steps), last_step=last_step, native_check=native_check,
-                  telemetry=cfg.telemetry.grads)
+                     native_check: bool, rank: int = 0) -> nn.Cell:
+    """The loss_scale group as a train-step cell, built as ms.Model would build it. Under data
+    parallel, inject.rank picks the one rank whose gradients are poisoned."""
+    steps = list(cfg.inject.overflow_steps)
+    mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
+    kwargs = dict(inject_steps=mine, last_step=last_step, native_check=native_check,
+                  telemetry=cfg.telemetry.grads, inject_graph=bool(steps))
     if strategy(cfg) == "none":  # ms.Model without a manager: TrainOneStepCell, sens 1
         return NoDropTrainStep(loss_net, optimizer, 1.0, **kwargs)
     manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager

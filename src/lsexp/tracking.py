@@ -22,7 +22,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from lsexp import device, tracking_worker
-from lsexp.config import dataset_name, model_name, run_name, strategy
+from lsexp.config import dataset_name, model_name, run_name, strategy, world_size
 from lsexp.store import (TrackingError, check_reachable, client_for, configured_uri, ensure_experiment, log_params,
                          redact, resolve_uri, with_retry)
 
@@ -59,6 +59,7 @@ def flat_params(cfg: DictConfig) -> Dict[str, str]:
             out[prefix] = redact(str(node)) if prefix == "tracking.uri" else str(node)
 
     walk("", container)
+    out["world_size"] = str(world_size(cfg))  # the ranks that trained this run (data parallel), else 1
     return out
 
 

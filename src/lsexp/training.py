@@ -44,7 +44,7 @@ def read_history(path: Path) -> List[Dict[str, float]]:
                 for row in csv.DictReader(f)]
 
 
-def _build(cfg, target: str, out_dir: Path, last_step: int):
+def _build(cfg, target: str, out_dir: Path, last_step: int, rank: int = 0):
     import mindspore as ms
     from hydra.utils import instantiate
     from mindspore import nn
@@ -61,7 +61,7 @@ def _build(cfg, target: str, out_dir: Path, last_step: int):
         net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
     loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
     optimizer = build_optimizer(cfg, net.trainable_params())
-    step_cell = build_train_step(cfg, loss_net, optimizer, last_step, native_check=target != "CPU")
+    step_cell = build_train_step(cfg, loss_net, optimizer, last_step, native_check=target != "CPU", rank=rank)
     step_cell.set_train()
     return net, step_cell
 
@@ -139,19 +139,22 @@ def evaluate(net, data) -> Dict[str, float]:
     return {"eval_accuracy": correct / total, "eval_loss": nll / total}
 
 
-def train(cfg, out_dir: Path, history: History, target: str) -> dict:
+def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
+          on_done: Optional[Callable] = None) -> dict:
     """Run the configured training; history fills as it goes. Writes history.csv and summary.json
-    in out_dir on every exit, so an interrupted run keeps what it did."""
+    in out_dir on every exit, so an interrupted run keeps what it did. Under data parallel only rank
+    0 evaluates and writes; on_done(step_cell) runs on every rank once training has finished."""
+    primary = rank == 0
     from lsexp.loss_scaling import TELEMETRY, loss_scale_now
 
     started = time.perf_counter()
     data = load_data(cfg)
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
-    net, step_cell = _build(cfg, target, out_dir, last)
+    net, step_cell = _build(cfg, target, out_dir, last, rank)
     done, skipped = _resume(step_cell, cfg.train.resume) if cfg.train.resume else (0, 0)
     probe_steps = set(cfg.telemetry.histogram_steps)
     probe = None
-    if probe_steps:
+    if probe_steps and primary:
         from lsexp.telemetry import GradientProbe
 
         probe = GradientProbe(step_cell.network, step_cell.weights, out_dir)
@@ -160,7 +163,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
                      "device_target": target, "resumed_from_step": done, "status": "running"}
     diverged_at: Optional[int] = None
-    progress = _Progress(cfg, done, last)
+    progress = _Progress(cfg, done, last, enabled=primary)
     epoch_seconds: List[float] = []
     loop_started = time.perf_counter()
     step = done
@@ -172,7 +175,7 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
                 if step >= last:
                     break
                 step += 1
-                if step in probe_steps:
+                if probe is not None and step in probe_steps:
                     probe.capture(step, x, y, loss_scale_now(step_cell))
                 values = step_cell(x, y).asnumpy().tolist()
                 loss, overflow, scale, skip, params_finite = values[:5]
@@ -183,26 +186,28 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
                     row.update(zip(TELEMETRY, values[5:]))
                 history.rows.append(row)
                 progress.update(loss, scale)
-                if every and step % every == 0 and cfg.train.checkpoint:
+                if every and step % every == 0 and cfg.train.checkpoint and primary:
                     _save(step_cell, out_dir / CHECKPOINT, step, skipped)
                 if not math.isfinite(loss) or not params_finite:
                     diverged_at = step
                     break
             epoch_seconds.append(round(time.perf_counter() - epoch_started, 3))  # training only, not eval
-            if data.has_eval and (diverged_at is None and step > done):
+            if primary and data.has_eval and (diverged_at is None and step > done):
                 history.epoch_eval.append({"epoch": epoch + 1, "step": step, **evaluate(net, data)})
             if history.on_epoch is not None:
                 history.on_epoch(history)
             if diverged_at is not None or step >= last:
                 break
         summary["status"] = "finished"
+        if on_done is not None:
+            on_done(step_cell)
     except BaseException as exc:
         summary["status"] = "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
         raise
     finally:
         progress.close()
         loop_seconds = time.perf_counter() - loop_started
-        if cfg.train.checkpoint and step > done:
+        if cfg.train.checkpoint and step > done and primary:
             _save(step_cell, out_dir / CHECKPOINT, step, skipped)
         summary.update(_summarise(history, cfg, step, diverged_at, loss_scale_now(step_cell)))
         summary["epoch_seconds"] = epoch_seconds
@@ -210,8 +215,9 @@ def train(cfg, out_dir: Path, history: History, target: str) -> dict:
             summary["reference_loss"] = data.reference_loss
         summary["wall_seconds"] = round(time.perf_counter() - started, 3)
         summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
-        history.write_csv(out_dir / "history.csv")
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        if primary:
+            history.write_csv(out_dir / "history.csv")
+            (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         _release_graphs()
     return summary
 
@@ -242,6 +248,7 @@ def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], sca
     if history.epoch_eval:
         out["eval_accuracy"] = history.epoch_eval[-1]["eval_accuracy"]
         out["eval_loss"] = history.epoch_eval[-1]["eval_loss"]
+        out["epoch_eval"] = history.epoch_eval  # per epoch, for a job that tracks what its ranks trained
     if cfg.train.checkpoint:
         out["checkpoint"] = CHECKPOINT
     return out
@@ -250,9 +257,9 @@ def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], sca
 class _Progress:
     """A tqdm bar showing loss and scale; a no-op when train.progress=false."""
 
-    def __init__(self, cfg, done: int, last: int):
+    def __init__(self, cfg, done: int, last: int, enabled: bool = True):
         self.bar = None
-        if cfg.train.progress:
+        if cfg.train.progress and enabled:
             from tqdm import tqdm
 
             self.bar = tqdm(total=last, initial=done, desc=run_name(cfg), unit="step", leave=False,

@@ -1,0 +1,170 @@
+"""Data parallel through msrun with 2 ranks on CPU (MCCL): marked `msrun`, run by `.ci/run` as a
+separate step (`python -m pytest -m msrun`). The shard arithmetic and the config checks are
+default tests: they need no ranks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from conftest import compose_cfg, run_cli
+from lsexp.config import ConfigError, steps_per_epoch, validate
+from lsexp.data import _epoch_slice
+from lsexp.training import read_history
+
+DP = ["parallel=data", "parallel.workers=2", "train.progress=false"]
+
+
+# --- default suite: no ranks ---------------------------------------------------------------------
+def test_the_ranks_shards_together_are_the_batch_of_one_process_with_world_times_the_batch():
+    one = OmegaConf.create({"batch_size": 8, "drop_remainder": True, "seed": 3, "shuffle": True})
+    whole = _epoch_slice(100, OmegaConf.merge(one, {"batch_size": 16}), epoch=2, start=1)
+    shards = [_epoch_slice(100, OmegaConf.merge(one, {"num_shards": 2, "shard_id": r}), epoch=2, start=1)
+              for r in (0, 1)]
+    assert all(len(s) == len(whole) // 2 for s in shards)
+    for step in range(len(whole) // 16):  # global step i: rank 0's batch i, then rank 1's
+        together = np.concatenate([s[step * 8:(step + 1) * 8] for s in shards])
+        assert (together == whole[step * 16:(step + 1) * 16]).all()
+
+
+def test_an_epoch_of_data_parallel_has_world_times_fewer_steps():
+    assert steps_per_epoch(compose_cfg("dataset=digits", *DP[:2]), 1437) == 1437 // 64
+    assert steps_per_epoch(compose_cfg("dataset=digits"), 1437) == 1437 // 32
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["inject.overflow_steps=[3]", "inject.rank=2"], "inject.rank=2: there are ranks 0..1"),
+    (["dataset.drop_remainder=false"], "dataset.drop_remainder=false with parallel=data"),
+    (["train.mode=pynative"], "train.mode=pynative with parallel=data"),
+    (["parallel.workers=0"], "parallel.workers=0: must be >= 1"),
+])
+def test_data_parallel_config_errors_name_the_key_and_the_fix(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace(".", r"\.")):
+        validate(compose_cfg(*DP[:2], *overrides))
+
+
+# --- msrun: 2 real ranks --------------------------------------------------------------------------
+def _lsexp(tmp_path, *overrides, name="run"):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli(*DP, "amp=O2", f"tracking.uri={uri}", f"hydra.run.dir={name}", *overrides, cwd=tmp_path)
+    return out, uri, tmp_path / name
+
+
+def _rank_processes(folder) -> list:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "lsexp.parallel" in cmd and str(folder) in cmd:
+            found.append(int(pid))
+    return found
+
+
+@pytest.mark.msrun
+def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_identical(tmp_path):
+    out, uri, run_dir = _lsexp(tmp_path, "loss_scale=fixed_drop", "inject.overflow_steps=[3]", "inject.rank=1",
+                               "train.max_steps=8")
+    assert out.returncode == 0, out.stderr
+    rows = read_history(run_dir / "history.csv")  # rank 0's: it injected nothing itself
+    assert [r["overflow"] for r in rows] == [0, 0, 1, 0, 0, 0, 0, 0]
+    assert rows[-1]["skipped_steps"] == 1
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks_identical"] is True and summary["world_size"] == 2
+    digests = sorted(run_dir.glob("msrun_log/rank*.params_sha256"))
+    assert len(digests) == 2 and len({p.read_text() for p in digests}) == 1
+    assert len(list(run_dir.rglob("history.csv"))) == 1  # written once, by rank 0
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
+    assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "overflow"),
+                                    key=lambda m: m.step)] == [0, 0, 1, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.msrun
+def test_a_two_rank_run_resumed_from_its_checkpoint_continues_exactly(tmp_path):
+    common = ["loss_scale=dynamic", "loss_scale.scale_window=3", "tracking=none"]
+    first, _, part = _lsexp(tmp_path, *common, "train.max_steps=6", "train.checkpoint=true", name="part")
+    assert first.returncode == 0, first.stderr
+    rest, _, resumed = _lsexp(tmp_path, *common, "train.max_steps=12", f"train.resume={part / 'checkpoint.ckpt'}",
+                              name="resumed")
+    assert rest.returncode == 0, rest.stderr
+    whole, _, straight = _lsexp(tmp_path, *common, "train.max_steps=12", name="straight")
+    assert whole.returncode == 0, whole.stderr
+    second = read_history(resumed / "history.csv")
+    assert [r["step"] for r in second] == list(range(7, 13))
+    assert read_history(part / "history.csv") + second == read_history(straight / "history.csv")
+
+
+@pytest.mark.msrun
+def test_ctrl_c_stops_every_rank_and_the_run_ends_killed(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).search_experiments()
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
+                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        while time.time() < deadline and not (tmp_path / "run/msrun_log/worker_0.log").exists():
+            time.sleep(0.5)
+        time.sleep(15)  # the ranks compile and train some steps
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, output
+    assert _rank_processes(tmp_path) == []
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    assert run.info.status == "KILLED"
+    rows = read_history(tmp_path / "run/history.csv")  # rank 0 stopped like Ctrl-C: nothing it trained is lost
+    assert len(rows) > 0 and len(client.get_metric_history(run.info.run_id, "loss")) == len(rows)
+
+
+@pytest.mark.msrun
+def test_a_rank_that_dies_fails_the_run_in_one_line_with_no_rank_left(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).search_experiments()
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
+                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 180
+        ranks = []
+        while time.time() < deadline and len(ranks) < 2:
+            ranks = _rank_processes(tmp_path)
+            time.sleep(0.5)
+        time.sleep(15)
+        os.kill(max(ranks), signal.SIGKILL)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode not in (0, 130), stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("lsexp:")]
+    assert len(lines) == 1 and "parallel=data" in lines[0] and "Traceback" not in stderr, stderr
+    assert _rank_processes(tmp_path) == []
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    assert run.info.status == "FAILED"
+
+
+@pytest.mark.msrun
+def test_data_parallel_inside_a_sweep_job(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    out = run_cli("-m", *DP, "amp=O2", "loss_scale=fixed_drop,dynamic", "train.max_steps=4", f"tracking.uri={uri}",
+                  cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    client = MlflowClient(uri)
+    found = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    (parent,) = [r for r in found if r.data.tags.get("lsexp.sweep") == "true"]
+    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
+    assert all(c.data.params["world_size"] == "2" for c in children)
