@@ -147,7 +147,8 @@ def _rank_main(out_dir: Path) -> int:
     rank, world = get_rank(), get_group_size()
     with open_dict(cfg):
         cfg.dataset.num_shards, cfg.dataset.shard_id = world, rank
-    history = training.History()
+    # Rank 0's history on disk after every epoch: what the job tracks if the ranks are stopped.
+    history = training.History(on_epoch=(lambda h: h.write_csv(out_dir / "history.csv")) if rank == 0 else None)
     try:
         training.train(cfg, out_dir, history, target, rank=rank,
                        on_done=lambda cell: (out_dir / LOG_DIR / f"rank{rank}.params_sha256").write_text(
