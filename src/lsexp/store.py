@@ -15,7 +15,9 @@ from typing import Dict, Optional
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # without it MLflow 3's UI opens on its GenAI page
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
 MAX_METRICS_PER_BATCH = 1000
-_CREDENTIALS = re.compile(r"(//)[^/@]*@")
+# user:password@ (up to the last @ of the authority: a password may hold one) and ?password=...
+_CREDENTIALS = re.compile(r"(//)[^/\s]*@")
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 class TrackingError(Exception):
@@ -23,8 +25,24 @@ class TrackingError(Exception):
 
 
 def redact(uri: str) -> str:
-    """Drop user:password@ from a URI, for anything that is logged or printed."""
-    return _CREDENTIALS.sub(r"\1", uri)
+    """Drop user:password@ (and a password=... query parameter) from a URI, for anything that is
+    logged or printed."""
+    return _PASSWORD_PARAM.sub(r"\1***", _CREDENTIALS.sub(r"\1", uri))
+
+
+def scrub(text: str, uri: Optional[str]) -> str:
+    """A message with any URI in it redacted, and uri's password too wherever it appears, should a
+    driver or server ever echo it."""
+    from urllib.parse import unquote, urlsplit
+
+    text = redact(text)
+    try:
+        password = urlsplit(uri or "").password
+    except ValueError:  # e.g. a port that is not a number
+        password = None
+    for form in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(form, "***")
+    return text
 
 
 def configured_uri(uri: Optional[str]) -> str:
