@@ -1,10 +1,49 @@
-"""Credentials in a tracking URI never show: not in params, tags, artifacts or error lines."""
+"""A database tracking URI that cannot work is refused in one line before anything runs; credentials
+never show. Needs no database: the cases here fail before connecting (tests/test_postgres.py has
+the ones that need a real PostgreSQL)."""
+
+import importlib.util
 
 import pytest
 
+from conftest import run_cli
 from lsexp.store import redact, scrub
 
 SECRET = "Zq7x"
+URI = f"postgresql://team:{SECRET}%40pw@127.0.0.1:5432/mlflow"
+
+
+def _driver_missing(module: str):
+    return pytest.mark.skipif(importlib.util.find_spec(module) is not None,
+                              reason=f"{module} is installed here; its missing-driver line is checked where it is not "
+                                     f"(the default CI suite runs before the postgres extra is installed)")
+
+
+def _one_line(out, prefix: str) -> str:
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(prefix), out.stderr
+    assert SECRET not in out.stdout + out.stderr and "team@" not in lines[0]
+    return lines[0]
+
+
+PSYCOPG2_URI = URI.replace("postgresql:", "postgresql+psycopg2:")
+
+
+@pytest.mark.parametrize("uri, fix, mode", [
+    pytest.param(URI, 'pip install -e ".[postgres]"', "run", marks=_driver_missing("psycopg"), id="psycopg-run"),
+    pytest.param(PSYCOPG2_URI, "pip install psycopg2-binary", "run", marks=_driver_missing("psycopg2"),
+                 id="psycopg2-run"),
+    # a sweep is refused before its sweep folder is made
+    pytest.param(PSYCOPG2_URI, "pip install psycopg2-binary", "sweep", marks=_driver_missing("psycopg2"),
+                 id="psycopg2-sweep"),
+])
+def test_a_missing_database_driver_is_one_line_before_training(tmp_path, uri, fix, mode):
+    sweep = ["-m", "train.max_steps=2,3"] if mode == "sweep" else ["train.max_steps=2"]
+    out = run_cli(*sweep, f"tracking.uri={uri}", cwd=tmp_path, timeout=120)
+    line = _one_line(out, f"lsexp: tracking error: tracking.uri={uri.split('//')[0]}//127.0.0.1:5432/mlflow: ")
+    assert "the database driver is not installed" in line and fix in line
+    assert list(tmp_path.iterdir()) == []  # no output or sweep folder, no store
 
 
 @pytest.mark.parametrize("uri, shown", [

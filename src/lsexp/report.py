@@ -196,7 +196,7 @@ def main(argv: Sequence[str] = ()) -> int:
 
     uri = resolve_uri(args.tracking_uri)
     try:
-        check_reachable(uri)
+        check_reachable(uri, "--tracking-uri")
         client = client_for(uri)
         run_id = args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
         out = Path(args.out or Path("reports") / run_id)

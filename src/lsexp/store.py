@@ -61,20 +61,28 @@ def resolve_uri(uri: Optional[str], start_dir: Optional[str] = None) -> str:
     return uri
 
 
-def check_reachable(uri: str) -> None:
-    """Fail fast, in one line, instead of MLflow's minutes of HTTP retries."""
+def check_reachable(uri: str, key: str = "tracking.uri") -> None:
+    """Fail fast, in one line, instead of MLflow's minutes of HTTP retries, or a database store's
+    missing driver or refused login showing only once the training is over."""
+    if uri.startswith(("postgresql", "mysql", "mssql")):
+        from lsexp import database
+
+        if database.is_database(uri):
+            database.check(uri, key)
+        return
     if not uri.startswith(("http://", "https://")):
         return
-    import urllib.error  # here: ~15 ms that every command would otherwise import before it forks
-    import urllib.request
+    import urllib.request  # here: ~15 ms that every command would otherwise import before it forks
 
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as reply:
             reply.read()
-    except (urllib.error.URLError, OSError) as err:
+    # Any error (a port that is no number is http.client.InvalidURL): Hydra would turn it into a
+    # warning and train.
+    except Exception as err:
         reason = getattr(err, "reason", err)
         raise TrackingError(
-            f"tracking.uri={redact(uri)}: cannot reach the MLflow server ({reason}); start it "
+            f"{key}={redact(uri)}: cannot reach the MLflow server ({reason}); start it "
             f"(mlflow server --host 127.0.0.1 --port 5000), fix the URI, or use tracking=none"
         ) from None
 

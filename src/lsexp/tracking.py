@@ -212,7 +212,7 @@ class SweepCallback(Callback):
             tracking_worker.discard()
         if config.tracking.backend != "mlflow":
             return
-        exit_if_unreachable(config.tracking.uri)
+        # The store was checked by app.ValidateOnRunStart, which runs first, before the sweep directory exists.
         self.uri = resolve_uri(config.tracking.uri, _start_dir())
         # Created here, once, before any job: parallel jobs then find the schema and the
         # experiment in place instead of racing to migrate or create them.

@@ -1,0 +1,77 @@
+"""Database tracking stores (PostgreSQL; MySQL and SQL Server as far as SQLAlchemy goes): whether the
+driver is installed and the database answers, checked in one quick connect before anything runs.
+
+SQLAlchemy is imported only here, and only for a database URI (~0.1 s): the commands' fast paths
+never import this module for SQLite or HTTP stores.
+"""
+
+from __future__ import annotations
+
+from lsexp.store import TrackingError, redact, scrub
+
+DIALECTS = ("postgresql", "mysql", "mssql")  # MLflow's database stores besides SQLite
+CONNECT_TIMEOUT_S = 5
+# What each driver module is installed by.
+_INSTALL = {
+    "psycopg": 'pip install -e ".[postgres]" (or pip install "psycopg[binary]")',
+    "psycopg2": "pip install psycopg2-binary, or use postgresql:// (psycopg 3, the postgres extra)",
+    "MySQLdb": "pip install mysqlclient",
+    "pymysql": "pip install pymysql",
+    "pyodbc": "pip install pyodbc",
+}
+
+
+def backend(uri: str) -> str:
+    """postgresql for postgresql+psycopg2://..., and so on; '' for a URI without a scheme."""
+    scheme, sep, _ = uri.partition("://")
+    return scheme.split("+", 1)[0] if sep else ""
+
+
+def is_database(uri: str) -> bool:
+    return backend(uri) in DIALECTS
+
+
+def _engine(uri: str):
+    import sqlalchemy
+    from sqlalchemy.pool import NullPool
+
+    url = sqlalchemy.engine.make_url(uri)
+    # libpq's and the MySQL drivers' own option; without it a host that drops packets hangs for minutes
+    args = {"connect_timeout": CONNECT_TIMEOUT_S} if backend(uri) in ("postgresql", "mysql") else {}
+    return sqlalchemy.create_engine(url, poolclass=NullPool, connect_args=args)
+
+
+def _clean(text, uri: str) -> str:
+    """A driver's message on one line, without the password (should a driver ever echo it)."""
+    return scrub(" ".join(str(text).split()), uri) or "no reason given"
+
+
+def check(uri: str, key: str = "tracking.uri") -> None:
+    """Connect once, or raise TrackingError with one line naming the key, the URI without its
+    credentials, what is wrong and the fix."""
+    import sqlalchemy.exc
+
+    shown = f"{key}={redact(uri)}"
+    off = ", or use tracking=none" if key == "tracking.uri" else ""
+    try:
+        engine = _engine(uri)
+    except ModuleNotFoundError as err:  # SQLAlchemy imports the dialect's driver here
+        fix = _INSTALL.get(err.name or "", f"install the Python module {err.name}")
+        raise TrackingError(f"{shown}: the database driver is not installed (no module named "
+                            f"{err.name!r}); {fix}{off}") from None
+    except (sqlalchemy.exc.ArgumentError, ValueError) as err:  # a malformed URL or port, an unknown dialect
+        raise TrackingError(f"{shown}: not a database URL SQLAlchemy can use ({_clean(err, uri)}); "
+                            f"use e.g. postgresql://user:password@host:5432/database{off}") from None
+    # Anything else must become the one line too: Hydra turns a callback's exception into a warning
+    # and goes on to train.
+    try:
+        with engine.connect():
+            pass
+    except sqlalchemy.exc.DBAPIError as err:
+        raise TrackingError(f"{shown}: cannot connect to the database ({_clean(err.orig, uri)}); start it, "
+                            f"or fix the host, port, database, user or password in the URI{off}") from None
+    except Exception as err:
+        raise TrackingError(f"{shown}: cannot use the database ({type(err).__name__}: {_clean(err, uri)}); "
+                            f"fix the URI{off}") from None
+    finally:
+        engine.dispose()
