@@ -1,5 +1,6 @@
 """Database tracking stores (PostgreSQL; MySQL and SQL Server as far as SQLAlchemy goes): whether the
-driver is installed and the database answers, checked in one quick connect before anything runs.
+driver is installed and the database answers, checked in one quick connect before anything runs;
+and MLflow's tables created by one process at a time on PostgreSQL.
 
 SQLAlchemy is imported only here, and only for a database URI (~0.1 s): the commands' fast paths
 never import this module for SQLite or HTTP stores.
@@ -7,10 +8,17 @@ never import this module for SQLite or HTTP stores.
 
 from __future__ import annotations
 
+import contextlib
+import zlib
+from typing import Iterator
+
 from lsexp.store import TrackingError, redact, scrub
 
 DIALECTS = ("postgresql", "mysql", "mssql")  # MLflow's database stores besides SQLite
 CONNECT_TIMEOUT_S = 5
+SCHEMA_LOCK_TIMEOUT = "300s"  # another process creating MLflow's tables takes ~5 s
+# pg_advisory_lock's key for "MLflow's tables are being created": any fixed 32-bit number.
+_SCHEMA_LOCK_KEY = zlib.crc32(b"lsexp: mlflow schema")
 # What each driver module is installed by.
 _INSTALL = {
     "psycopg": 'pip install -e ".[postgres]" (or pip install "psycopg[binary]")',
@@ -73,5 +81,31 @@ def check(uri: str, key: str = "tracking.uri") -> None:
     except Exception as err:
         raise TrackingError(f"{shown}: cannot use the database ({type(err).__name__}: {_clean(err, uri)}); "
                             f"fix the URI{off}") from None
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def schema_lock(uri: str) -> Iterator[None]:
+    """Held while MLflow opens a PostgreSQL store, whose first opening creates the tables.
+
+    MLflow creates them unguarded, so processes opening a new database at the same moment collide
+    (IntegrityError on pg_type or alembic_version) and all but one fail. Under this lock the first
+    one creates them and the others wait, then find them. It is PostgreSQL's own advisory lock, so
+    it holds across machines, and it goes with the connection if its holder dies."""
+    if backend(uri) != "postgresql":
+        yield
+        return
+    import sqlalchemy
+
+    engine = _engine(uri)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql(f"SET lock_timeout = '{SCHEMA_LOCK_TIMEOUT}'")
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": _SCHEMA_LOCK_KEY})
+            try:
+                yield
+            finally:
+                conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": _SCHEMA_LOCK_KEY})
     finally:
         engine.dispose()

@@ -102,6 +102,11 @@ def with_retry(fn, *args, **kwargs):
 def client_for(uri: str):
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("postgresql"):  # MLflow creates a new database's tables unguarded
+        from lsexp.database import schema_lock
+
+        with schema_lock(uri):
+            return MlflowClient(tracking_uri=uri)
     for attempt in range(5):
         try:
             return with_retry(MlflowClient, tracking_uri=uri)
