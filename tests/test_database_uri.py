@@ -3,6 +3,9 @@ never show. Needs no database: the cases here fail before connecting (tests/test
 the ones that need a real PostgreSQL)."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -44,6 +47,23 @@ def test_a_missing_database_driver_is_one_line_before_training(tmp_path, uri, fi
     line = _one_line(out, f"lsexp: tracking error: tracking.uri={uri.split('//')[0]}//127.0.0.1:5432/mlflow: ")
     assert "the database driver is not installed" in line and fix in line
     assert list(tmp_path.iterdir()) == []  # no output or sweep folder, no store
+
+
+def test_server_refuses_what_cannot_be_a_team_store_in_one_line(tmp_path):
+    def server(*args):
+        return subprocess.run([sys.executable, "-m", "lsexp", "server", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=60, env=env)
+
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_BACKEND_STORE_URI"}
+
+    assert "--backend-store-uri is not set" in _one_line(server(), "lsexp server: ")
+    line = _one_line(server("--backend-store-uri", f"http://team:{SECRET}@127.0.0.1:5000"), "lsexp server: ")
+    assert line.startswith("lsexp server: --backend-store-uri=http://127.0.0.1:5000: not a database URI")
+    line = _one_line(server("--backend-store-uri", "postgresql+nosuchdriver://127.0.0.1/x"), "lsexp server: ")
+    assert "not a database URL SQLAlchemy can use" in line
+    assert "--workers=0: must be 1 or more" in _one_line(server("--backend-store-uri", URI, "--workers", "0"),
+                                                         "lsexp server: ")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("uri, shown", [
