@@ -76,8 +76,10 @@ def check(uri: str, key: str = "tracking.uri") -> None:
         with engine.connect():
             pass
     except sqlalchemy.exc.DBAPIError as err:
-        raise TrackingError(f"{shown}: cannot connect to the database ({_clean(err.orig, uri)}); start it, "
-                            f"or fix the host, port, database, user or password in the URI{off}") from None
+        password = "the password (in the URI, $PGPASSWORD or ~/.pgpass)" if backend(uri) == "postgresql" \
+            else "the password"
+        raise TrackingError(f"{shown}: cannot connect to the database ({_clean(err.orig, uri)}); start it, or "
+                            f"fix the URI's host, port, database or user, or {password}{off}") from None
     except Exception as err:
         raise TrackingError(f"{shown}: cannot use the database ({type(err).__name__}: {_clean(err, uri)}); "
                             f"fix the URI{off}") from None
