@@ -51,8 +51,9 @@ def _exit_on_unreachable_tracking(cfg: DictConfig) -> None:
 
 
 class ValidateOnRunStart(Callback):
-    """Checks a single run (config, tracking server) before Hydra creates its output directory,
-    so a rejected run leaves nothing behind. Multirun jobs are checked by `run` itself."""
+    """Checks a single run (config, tracking store) before Hydra creates its output directory,
+    and a sweep's tracking store before its sweep directory, so a rejected command leaves nothing
+    behind. Multirun jobs are checked by `run` itself."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         _exit_on_config_error(config)
@@ -60,6 +61,7 @@ class ValidateOnRunStart(Callback):
         _exit_unless_creatable("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        _exit_on_unreachable_tracking(config)
         _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
 
 

@@ -1,4 +1,5 @@
-"""The `lsexp` command. `lsexp report ...` skips Hydra and MindSpore; anything else is a Hydra run."""
+"""The `lsexp` command. `lsexp report ...` and `lsexp server ...` skip Hydra and MindSpore; anything
+else is a Hydra run."""
 
 import sys
 
@@ -8,6 +9,10 @@ def main() -> None:
         from lsexp.report import main as report
 
         sys.exit(report(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "server":
+        from lsexp.server import main as server
+
+        sys.exit(server(sys.argv[2:]))
     from lsexp import tracking_worker
 
     if tracking_worker.wanted(sys.argv[1:]):

@@ -347,8 +347,8 @@ def validate(cfg: DictConfig) -> None:
     if cfg.tracking.backend not in ("mlflow", "none"):
         p.append(f"tracking.backend={cfg.tracking.backend}: use tracking=mlflow or tracking=none")
     elif uri and not re.match(r"^(sqlite|https?|file|postgresql|mysql|mssql|databricks)[+a-z0-9]*:", uri):
-        p.append(f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db "
-                 f"or http://127.0.0.1:5000")
+        p.append(f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db, "
+                 f"http://127.0.0.1:5000 or postgresql://user@host:5432/database")
 
     p += device_problems(cfg.device)
     if p:

@@ -192,11 +192,11 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument("--out", default=None, help="folder for the figure and tables (default: reports/<run id>)")
     args = parser.parse_args(list(argv))
 
-    from lsexp.store import TrackingError, check_reachable, client_for, redact, resolve_uri
+    from lsexp.store import TrackingError, check_reachable, client_for, redact, resolve_uri, scrub
 
     uri = resolve_uri(args.tracking_uri)
     try:
-        check_reachable(uri)
+        check_reachable(uri, "--tracking-uri")
         client = client_for(uri)
         run_id = args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
         out = Path(args.out or Path("reports") / run_id)
@@ -210,7 +210,7 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"lsexp report: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # e.g. an unknown run id: MLflow's RESOURCE_DOES_NOT_EXIST
-        print(f"lsexp report: {args.sweep} in {redact(uri)}: {str(err).splitlines()[0]}", file=sys.stderr)
+        print(f"lsexp report: {args.sweep} in {redact(uri)}: {scrub(str(err).splitlines()[0], uri)}", file=sys.stderr)
         return 2
     print(f"{len(children)} runs of sweep {run_id} -> {out}/comparison.png, comparison.csv, comparison.md")
     print((out / "comparison.md").read_text(), end="")

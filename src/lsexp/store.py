@@ -15,7 +15,9 @@ from typing import Dict, Optional
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"  # without it MLflow 3's UI opens on its GenAI page
 MAX_PARAMS_PER_BATCH = 100  # MLflow's limit for one log_batch call
 MAX_METRICS_PER_BATCH = 1000
-_CREDENTIALS = re.compile(r"(//)[^/@]*@")
+# user:password@ (up to the last @ of the authority: a password may hold one) and ?password=...
+_CREDENTIALS = re.compile(r"(//)[^/\s]*@")
+_PASSWORD_PARAM = re.compile(r"([?&]password=)[^&]*", re.IGNORECASE)
 
 
 class TrackingError(Exception):
@@ -23,8 +25,24 @@ class TrackingError(Exception):
 
 
 def redact(uri: str) -> str:
-    """Drop user:password@ from a URI, for anything that is logged or printed."""
-    return _CREDENTIALS.sub(r"\1", uri)
+    """Drop user:password@ (and a password=... query parameter) from a URI, for anything that is
+    logged or printed."""
+    return _PASSWORD_PARAM.sub(r"\1***", _CREDENTIALS.sub(r"\1", uri))
+
+
+def scrub(text: str, uri: Optional[str]) -> str:
+    """A message with any URI in it redacted, and uri's password too wherever it appears, should a
+    driver or server ever echo it."""
+    from urllib.parse import unquote, urlsplit
+
+    text = redact(text)
+    try:
+        password = urlsplit(uri or "").password
+    except ValueError:  # e.g. a port that is not a number
+        password = None
+    for form in {password, unquote(password or "")} - {None, ""}:
+        text = text.replace(form, "***")
+    return text
 
 
 def configured_uri(uri: Optional[str]) -> str:
@@ -43,20 +61,28 @@ def resolve_uri(uri: Optional[str], start_dir: Optional[str] = None) -> str:
     return uri
 
 
-def check_reachable(uri: str) -> None:
-    """Fail fast, in one line, instead of MLflow's minutes of HTTP retries."""
+def check_reachable(uri: str, key: str = "tracking.uri") -> None:
+    """Fail fast, in one line, instead of MLflow's minutes of HTTP retries, or a database store's
+    missing driver or refused login showing only once the training is over."""
+    if uri.startswith(("postgresql", "mysql", "mssql")):
+        from lsexp import database
+
+        if database.is_database(uri):
+            database.check(uri, key)
+        return
     if not uri.startswith(("http://", "https://")):
         return
-    import urllib.error  # here: ~15 ms that every command would otherwise import before it forks
-    import urllib.request
+    import urllib.request  # here: ~15 ms that every command would otherwise import before it forks
 
     try:
         with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as reply:
             reply.read()
-    except (urllib.error.URLError, OSError) as err:
+    # Any error (a port that is no number is http.client.InvalidURL): Hydra would turn it into a
+    # warning and train.
+    except Exception as err:
         reason = getattr(err, "reason", err)
         raise TrackingError(
-            f"tracking.uri={redact(uri)}: cannot reach the MLflow server ({reason}); start it "
+            f"{key}={redact(uri)}: cannot reach the MLflow server ({reason}); start it "
             f"(mlflow server --host 127.0.0.1 --port 5000), fix the URI, or use tracking=none"
         ) from None
 
@@ -76,6 +102,11 @@ def with_retry(fn, *args, **kwargs):
 def client_for(uri: str):
     from mlflow.tracking import MlflowClient
 
+    if uri.startswith("postgresql"):  # MLflow creates a new database's tables unguarded
+        from lsexp.database import schema_lock
+
+        with schema_lock(uri):
+            return MlflowClient(tracking_uri=uri)
     for attempt in range(5):
         try:
             return with_retry(MlflowClient, tracking_uri=uri)

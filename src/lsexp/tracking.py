@@ -76,6 +76,14 @@ def run_tags(cfg: DictConfig) -> Dict[str, str]:
     }
 
 
+def _config_yaml(cfg: DictConfig) -> str:
+    """The resolved config as YAML, with tracking.uri's credentials dropped."""
+    shown = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    if shown.tracking.get("uri"):
+        shown.tracking.uri = redact(shown.tracking.uri)
+    return OmegaConf.to_yaml(shown)
+
+
 class _NoTracker:
     def send_steps(self, history) -> None:
         pass
@@ -91,12 +99,12 @@ class _WorkerTracker:
         name = cfg.tracking.run_name or run_name(cfg)
         if parent:
             tags["mlflow.parentRunId"] = parent
-            tags["lsexp.overrides"] = " ".join(HydraConfig.get().overrides.task)
+            tags["lsexp.overrides"] = redact(" ".join(HydraConfig.get().overrides.task))
             # The UI's run column cuts long names: a sweep's children are named by what differs.
             name = cfg.tracking.run_name or _swept_choices() or name
         self._send(op="open", uri=cfg.tracking.uri, start_dir=_start_dir(), out_dir=str(out_dir),
                    experiment_name=cfg.tracking.experiment_name, run_name=name, tags=tags, params=flat_params(cfg))
-        (out_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        (out_dir / "config.yaml").write_text(_config_yaml(cfg))  # an artifact: no credentials
         self.sent_rows = self.sent_eval = 0
 
     def _send(self, **msg: Any) -> None:
@@ -205,7 +213,7 @@ class SweepCallback(Callback):
             tracking_worker.discard()
         if config.tracking.backend != "mlflow":
             return
-        exit_if_unreachable(config.tracking.uri)
+        # The store was checked by app.ValidateOnRunStart, which runs first, before the sweep directory exists.
         self.uri = resolve_uri(config.tracking.uri, _start_dir())
         # Created here, once, before any job: parallel jobs then find the schema and the
         # experiment in place instead of racing to migrate or create them.

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 from lsexp.store import (MAX_METRICS_PER_BATCH, client_for, configured_uri, ensure_experiment, log_params, redact,
-                         resolve_uri, with_retry)
+                         resolve_uri, scrub, with_retry)
 
 ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
 
@@ -239,14 +239,14 @@ def serve(lines) -> int:
             elif msg["op"] == "finish":
                 status, error = msg["status"], msg.get("error")
                 break
-    except Exception as err:
-        status, error, code = "FAILED", _one_line(err), 1
+    except Exception as err:  # its line, and the run's lsexp.error tag, never carry the URI's password
+        status, error, code = "FAILED", scrub(_one_line(err), configured_uri(uri)), 1
         print(f"lsexp: tracking error: {error}", file=sys.stderr)
     if run is not None:
         try:
             run.finish(out_dir, status, error)
         except Exception as err:
-            print(f"lsexp: tracking error: {_one_line(err)}", file=sys.stderr)
+            print(f"lsexp: tracking error: {scrub(_one_line(err), configured_uri(uri))}", file=sys.stderr)
             code = 1
     if code and out_dir is not None:  # here, not in the job, which may have handed the run over
         print(f"lsexp: tracking error: tracking.uri={redact(configured_uri(uri))}: the run was not fully logged "
