@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from conftest import compose_cfg, run_cli
 from lsexp.config import ConfigError, steps_per_epoch, validate
 from lsexp.data import _epoch_slice
+from lsexp.parallel import _rank_pids
 from lsexp.training import read_history
 
 DP = ["parallel=data", "parallel.workers=2", "train.progress=false"]
@@ -57,16 +58,21 @@ def _lsexp(tmp_path, *overrides, name="run"):
     return out, uri, tmp_path / name
 
 
-def _rank_processes(folder) -> list:
-    found = []
-    for pid in os.listdir("/proc"):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if "lsexp.parallel" in cmd and str(folder) in cmd:
-            found.append(int(pid))
-    return found
+def _rank_processes(tmp_path) -> list:
+    return _rank_pids(tmp_path / "run")
+
+
+def _start_training(tmp_path, **popen):
+    """A long 2-rank run tracked to a fresh store, returned once rank 0 has written its first epoch."""
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    MlflowClient(uri).search_experiments()
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
+                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
+                            text=True, start_new_session=True, **popen)
+    deadline = time.time() + 180
+    while time.time() < deadline and not (tmp_path / "run/history.csv").exists():
+        time.sleep(0.5)
+    return proc, uri
 
 
 @pytest.mark.msrun
@@ -106,15 +112,8 @@ def test_a_two_rank_run_resumed_from_its_checkpoint_continues_exactly(tmp_path):
 
 @pytest.mark.msrun
 def test_ctrl_c_stops_every_rank_and_the_run_ends_killed(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    MlflowClient(uri).search_experiments()
-    proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
-                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc, uri = _start_training(tmp_path, stderr=subprocess.STDOUT)
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline and not (tmp_path / "run/history.csv").exists():
-            time.sleep(0.5)  # rank 0 writes it after each epoch
         proc.send_signal(signal.SIGINT)
         output = proc.communicate(timeout=120)[0]
     finally:
@@ -130,15 +129,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_ends_killed(tmp_path):
 
 @pytest.mark.msrun
 def test_a_rank_that_dies_fails_the_run_in_one_line_with_no_rank_left(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    MlflowClient(uri).search_experiments()
-    proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
-                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc, uri = _start_training(tmp_path, stderr=subprocess.PIPE)
     try:
-        deadline = time.time() + 180
-        while time.time() < deadline and not (tmp_path / "run/history.csv").exists():
-            time.sleep(0.5)  # training: rank 0 has written its first epoch
         os.kill(max(_rank_processes(tmp_path)), signal.SIGKILL)  # the last rank msrun started
         stdout, stderr = proc.communicate(timeout=240)
     finally:

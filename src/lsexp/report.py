@@ -155,14 +155,19 @@ def sweep_report(client, parent_run_id: str, out: Path):
         ax_loss.legend(loc="best", fontsize=8)
     fig.savefig(out / "comparison.png", dpi=100)
     plt.close(fig)
-    with open(out / "comparison.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
+    write_table(out / "comparison", rows, columns)
+    return children
+
+
+def write_table(stem: Path, rows: Sequence[Dict], columns: Sequence[str], cell=str) -> None:
+    """<stem>.csv with every value, and <stem>.md, a Markdown table of `columns` as cell() shows them."""
+    with open(f"{stem}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(str(r[c]) for c in columns) + " |" for r in rows]
-    (out / "comparison.md").write_text("\n".join(lines) + "\n")
-    return children
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
 
 
 def _num(value):

@@ -8,7 +8,6 @@ study and lets it work under any launcher. A new study is its experiment YAML pl
 
 from __future__ import annotations
 
-import csv
 import importlib
 import math
 import os
@@ -33,7 +32,17 @@ class StudyRun:
     status: str
     params: Dict[str, str]
     metrics: Dict[str, float]  # the latest value of each metric
+    tags: Dict[str, str]
+    downloads: Path  # a folder that lives as long as the study's report
     _histories: Dict[str, Dict[int, float]] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        return self.tags.get("lsexp.strategy", "")
+
+    def label_without(self, *prefixes: str) -> str:
+        """The run's differing choices except those starting with a prefix: the runs a study groups."""
+        return " ".join(t for t in self.label.split() if not t.startswith(prefixes)) or "all"
 
     def history(self, key: str) -> Dict[int, float]:
         if key not in self._histories:
@@ -46,9 +55,8 @@ class StudyRun:
 
     def artifact(self, path: str) -> Optional[Path]:
         """A logged file, downloaded; None when the run has none at that path."""
-        folder = Path(tempfile.mkdtemp(prefix="lsexp-study-"))
         try:
-            return Path(self.client.download_artifacts(self.run_id, path, str(folder)))
+            return Path(self.client.download_artifacts(self.run_id, path, str(self.downloads)))
         except Exception:  # MLflow raises its own kinds for a missing artifact, store by store
             return None
 
@@ -61,27 +69,19 @@ def write(study: str, client, children, labels: Sequence[str], out: Path) -> Lis
     module = importlib.import_module(f"lsexp.studies.{study}")
     # a progress bar per downloaded histogram would bury the sweep's own log lines
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    runs = [StudyRun(client, c.info.run_id, label, c.info.status, dict(c.data.params), dict(c.data.metrics))
-            for c, label in zip(children, labels)]
+    from lsexp.report import _pyplot, write_table
+
     out.mkdir(parents=True, exist_ok=True)
-    rows, columns = module.table(runs)
-    files = write_table(out / study, rows, columns)
-    plt = pyplot()
-    fig = module.figure(plt, runs, rows)
-    fig.savefig(out / f"{study}.png", dpi=100)
-    plt.close(fig)
-    return files + [out / f"{study}.png"]
-
-
-def write_table(stem: Path, rows: List[dict], columns: Sequence[str]) -> List[Path]:
-    with open(f"{stem}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(_cell(r.get(c, "")) for c in columns) + " |" for r in rows]
-    Path(f"{stem}.md").write_text("\n".join(lines) + "\n")
-    return [Path(f"{stem}.csv"), Path(f"{stem}.md")]
+    with tempfile.TemporaryDirectory(prefix="lsexp-study-") as downloads:
+        runs = [StudyRun(client, c.info.run_id, label, c.info.status, dict(c.data.params), dict(c.data.metrics),
+                         dict(c.data.tags), Path(downloads)) for c, label in zip(children, labels)]
+        rows, columns = module.table(runs)
+        write_table(out / study, rows, columns, cell=_cell)
+        plt = _pyplot()
+        fig = module.figure(plt, runs, rows)
+        fig.savefig(out / f"{study}.png", dpi=100)
+        plt.close(fig)
+    return [out / f"{study}.{ext}" for ext in ("csv", "md", "png")]
 
 
 def _cell(value) -> str:
@@ -90,12 +90,6 @@ def _cell(value) -> str:
             return ""
         return f"{value:.4g}" if value != 0 else "0"
     return str(value)
-
-
-def pyplot():
-    from lsexp.report import _pyplot
-
-    return _pyplot()
 
 
 def log2(value: float) -> float:

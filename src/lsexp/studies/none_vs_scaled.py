@@ -17,27 +17,12 @@ COLUMNS = ["choices", "eval_accuracy", "final_loss", "skipped_steps", "step1_zer
            "mean_zero_fraction", "lost_at_step1"]
 
 
-def _strategy(run: StudyRun) -> str:
-    target = run.param("loss_scale._target_", "")
-    if target.endswith("TrainOneStepCell"):
-        return "none"
-    if target.endswith("DynamicLossScaleManager"):
-        return "dynamic"
-    return "fixed_drop" if run.param("loss_scale.drop_overflow_update") == "True" else "fixed_nodrop"
-
-
-def _setting(run: StudyRun, seed: bool = True) -> str:
-    """The run's choices other than the strategy (and, with seed=False, the seed)."""
-    drop = ("loss_scale",) if seed else ("loss_scale", "train.seed")
-    return " ".join(t for t in run.label.split() if not t.startswith(drop)) or "all"
-
-
 def table(runs: List[StudyRun]):
     rows = []
     for run in runs:
         zero = run.history("zero_fraction")
-        rows.append({"choices": run.label, "setting": _setting(run), "panel": _setting(run, seed=False),
-                     "strategy": _strategy(run),
+        rows.append({"choices": run.label, "setting": run.label_without("loss_scale"),
+                     "panel": run.label_without("loss_scale", "train.seed"), "strategy": run.strategy,
                      "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
                      "final_loss": run.metrics.get("final_loss", float("nan")),
                      "skipped_steps": int(run.metrics.get("skipped_steps", 0)),

@@ -16,10 +16,6 @@ COLUMNS = ["setting", "log2_scale", "eval_accuracy", "final_loss", "skipped_frac
            "mean_zero_fraction", "mean_underflow_fraction"]
 
 
-def _setting(run: StudyRun) -> str:
-    return " ".join(t for t in run.label.split() if not t.startswith("loss_scale.loss_scale")) or "all"
-
-
 def _mean(values) -> float:
     values = list(values)
     return sum(values) / len(values) if values else float("nan")
@@ -30,7 +26,7 @@ def table(runs: List[StudyRun]):
     for run in runs:
         zero = run.history("zero_fraction")
         overflow = run.history("overflow")
-        rows.append({"setting": _setting(run), "log2_scale": log2(float(run.param("loss_scale.loss_scale", "nan"))),
+        rows.append({"setting": run.label_without("loss_scale.loss_scale"), "log2_scale": log2(float(run.param("loss_scale.loss_scale", "nan"))),
                      "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
                      "final_loss": run.metrics.get("final_loss", float("nan")),
                      "skipped_fraction": _mean(overflow.values()),
