@@ -29,6 +29,8 @@ OBJECTIVES = ("final_loss", "eval_accuracy")
 FIXED_MANAGER = "mindspore.amp.FixedLossScaleManager"
 DYNAMIC_MANAGER = "mindspore.amp.DynamicLossScaleManager"
 NO_SCALING = "mindspore.nn.TrainOneStepCell"
+HYSTERESIS_MANAGER = "lsexp.hysteresis.HysteresisLossScaleManager"
+DYNAMIC_STRATEGIES = ("dynamic", "dynamic_hysteresis")
 
 
 # --- amp -------------------------------------------------------------------------------------
@@ -64,6 +66,30 @@ class DynamicLossScaleConfig(LossScaleConfig):
     init_loss_scale: float = 2.0**24
     scale_factor: int = 2
     scale_window: int = 2000
+
+
+@dataclass
+class HysteresisLossScaleConfig(LossScaleConfig):
+    """DeepSpeed's and Megatron's dynamic scaler: back off only after `hysteresis` overflows, never
+    below min_loss_scale, never above max_loss_scale (Apex's 2^24; null: no cap)."""
+
+    _target_: str = HYSTERESIS_MANAGER
+    init_loss_scale: float = 2.0**16
+    hysteresis: int = 2  # overflows until a back-off; 1 is MindSpore's DynamicLossScaleManager
+    consecutive_hysteresis: bool = False  # restore the tolerance after any clean step, not only at growth
+    min_loss_scale: float = 1.0
+    max_loss_scale: Optional[float] = 2.0**24
+    scale_factor: int = 2
+    scale_window: int = 1000
+
+
+# --- engine --------------------------------------------------------------------------------
+@dataclass
+class EngineConfig:
+    """How a step is built: `_target_` is the builder that turns the loss_scale group into a train step."""
+
+    _target_: str = MISSING
+    name: str = MISSING  # cell or functional, as the run's params and names show it
 
 
 # --- optimizer -------------------------------------------------------------------------------
@@ -148,6 +174,7 @@ class Config:
     dataset: DatasetConfig = MISSING
     amp: AmpConfig = MISSING
     loss_scale: LossScaleConfig = MISSING
+    engine: EngineConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     device: DeviceConfig = MISSING
     train: TrainConfig = MISSING
@@ -170,6 +197,8 @@ def register_configs() -> None:
         ("loss_scale", "base_fixed", FixedLossScaleConfig),
         ("loss_scale", "base_dynamic", DynamicLossScaleConfig),
         ("loss_scale", "base_none", NoLossScaleConfig),
+        ("loss_scale", "base_dynamic_hysteresis", HysteresisLossScaleConfig),
+        ("engine", "base_engine", EngineConfig),
         ("optimizer", "base_momentum", MomentumConfig),
         ("device", "base_device", DeviceConfig),
         ("train", "base_train", TrainConfig),
@@ -186,17 +215,29 @@ def register_configs() -> None:
 
 # --- derived facts the rest of the program shares --------------------------------------------
 def strategy(cfg: DictConfig) -> str:
-    """none, fixed_drop, fixed_nodrop or dynamic: what the loss_scale group asks for, by content."""
+    """none, fixed_drop, fixed_nodrop, dynamic or dynamic_hysteresis: what the loss_scale group asks
+    for, by content."""
     if cfg.loss_scale._target_ == NO_SCALING:
         return "none"
     if cfg.loss_scale._target_ == DYNAMIC_MANAGER:
         return "dynamic"
+    if cfg.loss_scale._target_ == HYSTERESIS_MANAGER:
+        return "dynamic_hysteresis"
     return "fixed_drop" if cfg.loss_scale.drop_overflow_update else "fixed_nodrop"
 
 
 def manager_scale(cfg: DictConfig) -> float:
     ls, s = cfg.loss_scale, strategy(cfg)
-    return 1.0 if s == "none" else float(ls.init_loss_scale if s == "dynamic" else ls.loss_scale)
+    return 1.0 if s == "none" else float(ls.init_loss_scale if s in DYNAMIC_STRATEGIES else ls.loss_scale)
+
+
+def scale_floor(cfg: DictConfig) -> Optional[float]:
+    """The lowest scale a dynamic strategy backs off to (None for a constant scale): 1 for MindSpore's
+    managers and scalers, min_loss_scale for dynamic_hysteresis."""
+    s = strategy(cfg)
+    if s == "dynamic":
+        return 1.0
+    return float(cfg.loss_scale.min_loss_scale) if s == "dynamic_hysteresis" else None
 
 
 def optimizer_loss_scale(cfg: DictConfig) -> float:
@@ -265,13 +306,15 @@ def validate(cfg: DictConfig) -> None:
     if cfg.amp.dtype not in AMP_DTYPES:
         p.append(f"amp.dtype={cfg.amp.dtype}: unknown low-precision type; use float16 or bfloat16")
 
-    if s == "dynamic":
+    if s in DYNAMIC_STRATEGIES:
         if not _finite_positive(ls.init_loss_scale):
             p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number > 0; e.g. 65536")
         if ls.scale_factor <= 1:
             p.append(f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2")
         if ls.scale_window < 1:
             p.append(f"loss_scale.scale_window={ls.scale_window}: must be >= 1 step; e.g. 2000")
+        if s == "dynamic_hysteresis":
+            p += _hysteresis_problems(ls)
     elif s != "none" and not _finite_positive(ls.loss_scale):
         p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number > 0; e.g. 1024")
 
@@ -353,6 +396,23 @@ def validate(cfg: DictConfig) -> None:
     p += device_problems(cfg.device)
     if p:
         raise ConfigError(p)
+
+
+def _hysteresis_problems(ls) -> List[str]:
+    p = []
+    if ls.hysteresis < 1:
+        p.append(f"loss_scale.hysteresis={ls.hysteresis}: must be >= 1 (1 backs off at every overflow); e.g. 2")
+    if not _finite_positive(ls.min_loss_scale):
+        p.append(f"loss_scale.min_loss_scale={ls.min_loss_scale}: must be a finite number > 0; e.g. 1")
+    elif ls.max_loss_scale is not None and not (_finite_positive(ls.max_loss_scale)
+                                                and ls.max_loss_scale >= ls.min_loss_scale):
+        p.append(f"loss_scale.max_loss_scale={ls.max_loss_scale}: must be a finite number >= loss_scale."
+                 f"min_loss_scale={ls.min_loss_scale}, or null for no cap; e.g. 16777216")
+    elif _finite_positive(ls.init_loss_scale) and not (
+            ls.min_loss_scale <= ls.init_loss_scale <= (ls.max_loss_scale or math.inf)):
+        p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must lie between loss_scale.min_loss_scale="
+                 f"{ls.min_loss_scale} and loss_scale.max_loss_scale={ls.max_loss_scale}")
+    return p
 
 
 def step_problems(cfg: DictConfig, num_train: int) -> List[str]:

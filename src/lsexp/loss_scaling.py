@@ -107,7 +107,7 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
-        self.dynamic = isinstance(scale_sense, nn.DynamicLossScaleUpdateCell)  # a fixed scale never changes
+        self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
     def get_overflow_status(self, status, compute_output):
         if self.native_check:
@@ -173,17 +173,22 @@ def build_optimizer(cfg, params) -> nn.Optimizer:
     return instantiate(cfg.optimizer, params=params, loss_scale=optimizer_loss_scale(cfg), _convert_="all")
 
 
-def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool, rank: int = 0) -> nn.Cell:
-    """The loss_scale group as a train-step cell, built as ms.Model would build it. Under data
-    parallel, inject.rank picks the one rank whose gradients are poisoned."""
+def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
+    """The recorder's options shared by both engines' train steps. Under data parallel, inject.rank
+    picks the one rank whose gradients are poisoned."""
     steps = list(cfg.inject.overflow_steps)
     mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
-    kwargs = dict(inject_steps=mine, last_step=last_step, native_check=native_check,
-                  telemetry=cfg.telemetry.grads, inject_graph=bool(steps))
+    return dict(inject_steps=mine, last_step=last_step, native_check=native_check,
+                telemetry=cfg.telemetry.grads, inject_graph=bool(steps))
+
+
+def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
+                     native_check: bool, rank: int = 0) -> nn.Cell:
+    """engine=cell: the loss_scale group as a train-step cell, built as ms.Model would build it."""
+    kwargs = injection(cfg, last_step, native_check, rank)
     if strategy(cfg) == "none":  # ms.Model without a manager: TrainOneStepCell, sens 1
         return NoDropTrainStep(loss_net, optimizer, 1.0, **kwargs)
-    manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager
+    manager = instantiate(cfg.loss_scale)  # FixedLossScaleManager / DynamicLossScaleManager / lsexp.hysteresis
     if strategy(cfg) == "fixed_nodrop":
         return NoDropTrainStep(loss_net, optimizer, manager.get_loss_scale(), **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, manager.get_update_cell(), **kwargs)
@@ -193,4 +198,6 @@ def loss_scale_now(step_cell: nn.Cell) -> Optional[float]:
     """The scale the next step will use."""
     if isinstance(step_cell, LossScaleTrainStep):
         return float(step_cell.scale_sense.asnumpy())
+    if hasattr(step_cell, "scaler"):  # engine=functional
+        return 1.0 if step_cell.scaler is None else float(step_cell.scaler.scale_value.asnumpy())
     return float(step_cell.sens)

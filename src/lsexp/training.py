@@ -46,11 +46,11 @@ def read_history(path: Path) -> List[Dict[str, float]]:
 
 def _build(cfg, target: str, out_dir: Path, last_step: int, rank: int = 0):
     import mindspore as ms
-    from hydra.utils import instantiate
+    from hydra.utils import get_method, instantiate
     from mindspore import nn
 
     from lsexp.loss import SoftmaxCrossEntropy
-    from lsexp.loss_scaling import build_optimizer, build_train_step
+    from lsexp.loss_scaling import build_optimizer
 
     ms.set_seed(cfg.train.seed)
     net = instantiate(cfg.model, _convert_="all")
@@ -61,6 +61,8 @@ def _build(cfg, target: str, out_dir: Path, last_step: int, rank: int = 0):
         net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
     loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
     optimizer = build_optimizer(cfg, net.trainable_params())
+    # The engine group names its builder: lsexp.loss_scaling's cells or lsexp.functional_step's loop.
+    build_train_step = get_method(cfg.engine._target_)
     step_cell = build_train_step(cfg, loss_net, optimizer, last_step, native_check=target != "CPU", rank=rank)
     step_cell.set_train()
     return net, step_cell

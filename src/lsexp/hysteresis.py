@@ -1,0 +1,128 @@
+"""loss_scale=dynamic_hysteresis: dynamic loss scaling with hysteresis, a floor and a cap.
+
+MindSpore's DynamicLossScaleManager backs off at the first overflow and has no floor guard or cap.
+The scalers large-model training relies on do: DeepSpeed and Megatron tolerate `hysteresis - 1`
+overflows before backing off, never go below `min_loss_scale`, and Apex caps the scale at 2^24.
+This is DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py), with
+raise_error_at_min_scale=False (a run stuck at the floor is lsexp's train.collapse_patience) and
+Apex's cap added, written once as tensor arithmetic so that it runs inside the compiled step:
+
+- as an update cell (HysteresisLossScaleManager.get_update_cell), called by the cell engine's
+  train step exactly where nn.TrainOneStepWithLossScaleCell calls DynamicLossScaleUpdateCell;
+- as a mindspore.amp.LossScaler (get_loss_scaler), the functional engine's counterpart of
+  DynamicLossScaler.
+
+Every overflow skips the update, as in DeepSpeed; hysteresis only delays the back-off.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.amp import DynamicLossScaler, LossScaleManager
+from mindspore.graph.api import jit_class
+
+
+class _HysteresisState:
+    """The scaler's state as Parameters (so checkpoints carry it), and DeepSpeed's rule over them."""
+
+    def _init_state(self, init_loss_scale, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+                    scale_factor, scale_window):
+        self.delayed_shift = Tensor(hysteresis, mstype.int32)
+        self.consecutive_hysteresis = bool(consecutive_hysteresis)
+        self.min_scale = Tensor(min_loss_scale, mstype.float32)
+        self.max_scale = Tensor(math.inf if max_loss_scale is None else max_loss_scale, mstype.float32)
+        self.factor = Tensor(scale_factor, mstype.float32)
+        self.window = Tensor(scale_window, mstype.int32)
+        self.cur_hysteresis = Parameter(Tensor(hysteresis, mstype.int32), name="lsexp_cur_hysteresis",
+                                        requires_grad=False)
+        self.cur_iter = Parameter(Tensor(0, mstype.int32), name="lsexp_hysteresis_iter", requires_grad=False)
+        self.last_overflow_iter = Parameter(Tensor(-1, mstype.int32), name="lsexp_last_overflow_iter",
+                                            requires_grad=False)
+
+    def _next_scale(self, scale, overflow):
+        """DeepSpeed's update_scale: returns the next scale and assigns the counters."""
+        hysteresis = self.cur_hysteresis
+        # On overflow: back off once the tolerance is used up (cur_hysteresis 1), else use up one.
+        back_off = ops.logical_and(overflow, hysteresis <= 1)
+        scale_overflow = ops.select(back_off, ops.maximum(scale / self.factor, self.min_scale), scale)
+        hysteresis_overflow = ops.select(back_off, hysteresis, hysteresis - 1)
+        # Without overflow: grow every scale_window iterations counted from the last overflow.
+        since = self.cur_iter - self.last_overflow_iter
+        grow = ops.logical_and(ops.logical_not(overflow), ops.floor_mod(since, self.window) == 0)
+        scale_clean = ops.select(grow, ops.minimum(scale * self.factor, self.max_scale), scale)
+        if self.consecutive_hysteresis:
+            hysteresis_clean = self.delayed_shift  # any clean step restores the tolerance
+        else:
+            hysteresis_clean = ops.select(grow, self.delayed_shift, hysteresis)  # only a growth does
+        new_scale = ops.select(overflow, scale_overflow, scale_clean)
+        new_hysteresis = ops.select(overflow, hysteresis_overflow, hysteresis_clean)
+        last = ops.select(overflow, self.cur_iter, self.last_overflow_iter)
+        new_scale = ops.depend(new_scale, ops.assign(self.cur_hysteresis, new_hysteresis))
+        new_scale = ops.depend(new_scale, ops.assign(self.last_overflow_iter, last))
+        return ops.depend(new_scale, ops.assign(self.cur_iter, self.cur_iter + 1))
+
+
+class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
+    """The update cell the train step calls with (scale Parameter, overflow), like DynamicLossScaleUpdateCell."""
+
+    def __init__(self, loss_scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+                 scale_factor, scale_window):
+        super().__init__()
+        self.loss_scale_value = loss_scale_value
+        self._init_state(loss_scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+                         scale_factor, scale_window)
+
+    def get_loss_scale(self):
+        return self.loss_scale_value
+
+    def construct(self, loss_scale, overflow):
+        return ops.depend(overflow, ops.assign(loss_scale, self._next_scale(loss_scale, overflow)))
+
+
+@jit_class
+class HysteresisLossScaler(_HysteresisState, DynamicLossScaler):
+    """The functional API's counterpart: DynamicLossScaler's scale/unscale, DeepSpeed's adjust."""
+
+    def __init__(self, scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+                 scale_factor, scale_window):
+        super().__init__(scale_value, scale_factor, scale_window)
+        del self.counter  # DynamicLossScaler's window counter; the hysteresis state replaces it
+        self._init_state(scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
+                         scale_factor, scale_window)
+
+    def adjust(self, grads_finite):
+        ops.assign(self.scale_value, self._next_scale(self.scale_value, ops.logical_not(grads_finite)))
+        return True
+
+
+class HysteresisLossScaleManager(LossScaleManager):
+    """A mindspore.amp.LossScaleManager, like DynamicLossScaleManager: it holds the numbers and hands
+    out the update cell (cell engine) or the LossScaler (functional engine). Overflowed updates are
+    always dropped."""
+
+    def __init__(self, init_loss_scale: float = 2.0**16, hysteresis: int = 2, consecutive_hysteresis: bool = False,
+                 min_loss_scale: float = 1.0, max_loss_scale: Optional[float] = 2.0**24, scale_factor: int = 2,
+                 scale_window: int = 1000):
+        self.init_loss_scale = init_loss_scale
+        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
+                            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+                            scale_factor=scale_factor, scale_window=scale_window)
+
+    def get_loss_scale(self):
+        return self.init_loss_scale
+
+    def get_drop_overflow_update(self):
+        return True
+
+    def update_loss_scale(self, overflow):
+        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or get_loss_scaler()")
+
+    def get_update_cell(self) -> HysteresisLossScaleUpdateCell:
+        return HysteresisLossScaleUpdateCell(self.init_loss_scale, **self.options)
+
+    def get_loss_scaler(self) -> HysteresisLossScaler:
+        return HysteresisLossScaler(self.init_loss_scale, **self.options)
