@@ -156,6 +156,12 @@ def _launch_ranks(cfg: DictConfig, out_dir: Path, tracker) -> dict:
 def _report(summary: dict, out_dir: Path) -> None:
     if summary["diverged"]:
         state = f"DIVERGED at step {summary['diverged_at_step']}"
+    elif summary.get("collapsed"):
+        state = f"COLLAPSED at step {summary['collapsed_at_step']}"
+        print(f"lsexp: loss scale collapsed: at its floor {summary['collapse_floor']:g} the gradients overflowed "
+              f"{summary['collapse_patience']} steps in a row (to step {summary['collapsed_at_step']}), so the "
+              f"overflow is not the scale's doing; look for inf/nan in the forward pass or a too-high "
+              f"optimizer.learning_rate, or try amp.dtype=bfloat16", file=sys.stderr)
     else:
         state = f"final loss {summary['final_loss']:.4f}"
     accuracy = f", eval accuracy {summary['eval_accuracy']:.3f}" if "eval_accuracy" in summary else ""
@@ -168,12 +174,13 @@ def _report(summary: dict, out_dir: Path) -> None:
 
 
 def objective(cfg: DictConfig, summary: dict) -> float:
-    """What a search sweeper optimises: train.objective, with a diverged run (or one without a
+    """What a search sweeper optimises: train.objective, with a diverged or collapsed run (or one without a
     held-out split to score) as the worst value."""
+    failed = summary["diverged"] or summary.get("collapsed", False)
     if cfg.train.objective == "eval_accuracy":
-        return float(summary["eval_accuracy"]) if not summary["diverged"] and "eval_accuracy" in summary else 0.0
+        return float(summary["eval_accuracy"]) if not failed and "eval_accuracy" in summary else 0.0
     loss = summary["final_loss"]
-    return float(loss) if not summary["diverged"] and loss is not None else sys.float_info.max
+    return float(loss) if not failed and loss is not None else sys.float_info.max
 
 
 @hydra.main(config_path=str(paths.conf_dir()), config_name="config", version_base="1.3")

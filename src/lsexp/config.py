@@ -131,6 +131,9 @@ class TrainConfig:
     # What a job returns to a search sweeper (hydra/sweeper=optuna): eval_accuracy (maximise) or
     # final_loss (minimise); a diverged run counts as the worst value.
     objective: str = "final_loss"
+    # A dynamic strategy whose scale sits at its floor and overflows this many steps in a row stops
+    # early with collapsed: true (null: never).
+    collapse_patience: Optional[int] = 20
 
 
 @dataclass
@@ -293,6 +296,11 @@ def _finite_positive(value: float) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
+def _scale_ok(value: float) -> bool:
+    # MindSpore's managers and scalers refuse a scale below 1 (ValueError at construction).
+    return _finite_positive(value) and value >= 1
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError naming every problem in cfg; imports nothing heavy."""
     from lsexp.device import device_problems
@@ -307,16 +315,18 @@ def validate(cfg: DictConfig) -> None:
         p.append(f"amp.dtype={cfg.amp.dtype}: unknown low-precision type; use float16 or bfloat16")
 
     if s in DYNAMIC_STRATEGIES:
-        if not _finite_positive(ls.init_loss_scale):
-            p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number > 0; e.g. 65536")
+        if not _scale_ok(ls.init_loss_scale):
+            p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number >= 1 (MindSpore's "
+                     f"managers refuse less); e.g. 65536")
         if ls.scale_factor <= 1:
             p.append(f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2")
         if ls.scale_window < 1:
             p.append(f"loss_scale.scale_window={ls.scale_window}: must be >= 1 step; e.g. 2000")
         if s == "dynamic_hysteresis":
             p += _hysteresis_problems(ls)
-    elif s != "none" and not _finite_positive(ls.loss_scale):
-        p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number > 0; e.g. 1024")
+    elif s != "none" and not _scale_ok(ls.loss_scale):
+        p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number >= 1 (MindSpore's managers "
+                 f"refuse less); e.g. 1024")
 
     opt_scale = cfg.optimizer.loss_scale
     if opt_scale is not None:
@@ -377,6 +387,8 @@ def validate(cfg: DictConfig) -> None:
         p.append(f"train.objective={t.objective}: use one of {', '.join(OBJECTIVES)}")
     if t.mode not in MODES:
         p.append(f"train.mode={t.mode}: use graph or pynative")
+    if t.collapse_patience is not None and t.collapse_patience < 1:
+        p.append(f"train.collapse_patience={t.collapse_patience}: must be >= 1 step, or null to never stop early")
     if t.save_checkpoint_steps is not None and t.save_checkpoint_steps < 1:
         p.append(f"train.save_checkpoint_steps={t.save_checkpoint_steps}: must be >= 1, or null")
     if t.resume is not None and not Path(t.resume).is_file():
@@ -408,7 +420,7 @@ def _hysteresis_problems(ls) -> List[str]:
                                                 and ls.max_loss_scale >= ls.min_loss_scale):
         p.append(f"loss_scale.max_loss_scale={ls.max_loss_scale}: must be a finite number >= loss_scale."
                  f"min_loss_scale={ls.min_loss_scale}, or null for no cap; e.g. 16777216")
-    elif _finite_positive(ls.init_loss_scale) and not (
+    elif _scale_ok(ls.init_loss_scale) and not (
             ls.min_loss_scale <= ls.init_loss_scale <= (ls.max_loss_scale or math.inf)):
         p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must lie between loss_scale.min_loss_scale="
                  f"{ls.min_loss_scale} and loss_scale.max_loss_scale={ls.max_loss_scale}")

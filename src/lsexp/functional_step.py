@@ -11,9 +11,9 @@ unless the strategy applies every update. The same loss_scale configs give the s
 - dynamic_hysteresis: lsexp.hysteresis.HysteresisLossScaler;
 - none: no scaler.
 
-Where the two engines differ (docs/engines.md): DynamicLossScaler grows the scale only to a finite
-value, where DynamicLossScaleUpdateCell grows it to inf; and MindSpore's scalers refuse a scale
-below 1, which validation reports before a run starts.
+With the same overflows both engines give the same scale history, with one exception
+(docs/engines.md): DynamicLossScaler grows the scale only to a finite value, where
+DynamicLossScaleUpdateCell grows it past float32's largest, to inf, and then skips every step.
 """
 
 from __future__ import annotations

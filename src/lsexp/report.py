@@ -15,7 +15,7 @@ from typing import Dict, List, Sequence
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
-                 "final_loss_scale", "diverged")
+                 "final_loss_scale", "diverged", "collapsed")
 # With telemetry=grads: the means over the run's steps of what float16 loses or breaks.
 TELEMETRY_COLUMNS = ("mean_underflow_fraction", "mean_overflow_fraction", "mean_zero_fraction")
 
@@ -144,6 +144,7 @@ def sweep_report(client, parent_run_id: str, out: Path):
             "skipped_steps": _num(m.get("skipped_steps")), "overflow_count": _num(m.get("overflow_count")),
             "final_loss": _num(m.get("final_loss")), "final_loss_scale": _num(m.get("final_loss_scale")),
             "diverged": child.data.tags.get("lsexp.diverged", ""),
+            "collapsed": child.data.tags.get("lsexp.collapsed", ""),
         })
         if telemetry:
             for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):

@@ -184,10 +184,11 @@ class MlflowRun:
             now, step = int(time.time() * 1000), summary.get("steps", 0)
             metrics = [Metric(key, float(summary[key]), now, step)
                        for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second", "reference_loss",
-                                   "diverged_at_step") if summary.get(key) is not None]
+                                   "diverged_at_step", "collapsed_at_step") if summary.get(key) is not None]
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
-            tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower())]
+            tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
+                    RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower())]
             if error:
                 tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
             with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)

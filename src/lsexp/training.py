@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from lsexp.config import ConfigError, run_name, step_problems, strategy, total_steps, steps_per_epoch
+from lsexp.config import ConfigError, run_name, scale_floor, step_problems, strategy, total_steps, steps_per_epoch
 
 EVAL_BATCH = 256  # samples per eval forward: few compiled shapes, and activations that stay small
 
@@ -165,6 +165,7 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
                      "device_target": target, "resumed_from_step": done, "status": "running"}
     diverged_at: Optional[int] = None
+    collapse = _CollapseWatch(scale_floor(cfg), cfg.train.collapse_patience)
     progress = _Progress(cfg, done, last, enabled=primary)
     epoch_seconds: List[float] = []
     loop_started = time.perf_counter()
@@ -193,12 +194,14 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
                 if not math.isfinite(loss) or not params_finite:
                     diverged_at = step
                     break
+                if collapse.at(step, scale, overflow):
+                    break
             epoch_seconds.append(round(time.perf_counter() - epoch_started, 3))  # training only, not eval
-            if primary and data.has_eval and (diverged_at is None and step > done):
+            if primary and data.has_eval and (diverged_at is None and collapse.step is None and step > done):
                 history.epoch_eval.append({"epoch": epoch + 1, "step": step, **evaluate(net, data)})
             if history.on_epoch is not None:
                 history.on_epoch(history)
-            if diverged_at is not None or step >= last:
+            if diverged_at is not None or collapse.step is not None or step >= last:
                 break
         summary["status"] = "finished"
         if on_done is not None:
@@ -212,6 +215,7 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
         if cfg.train.checkpoint and step > done and primary:
             _save(step_cell, out_dir / CHECKPOINT, step, skipped)
         summary.update(_summarise(history, cfg, step, diverged_at, loss_scale_now(step_cell)))
+        summary.update(collapse.summary())
         summary["epoch_seconds"] = epoch_seconds
         if data.reference_loss is not None:
             summary["reference_loss"] = data.reference_loss
@@ -230,6 +234,30 @@ def _release_graphs() -> None:
     import mindspore as ms
 
     ms.ms_memory_recycle()
+
+
+class _CollapseWatch:
+    """A dynamic scale that has backed off to its floor and still overflows step after step: no scale
+    can help any more, so the run stops (DeepSpeed's "Current loss scale already at minimum")."""
+
+    def __init__(self, floor: Optional[float], patience: Optional[int]):
+        self.floor, self.patience = floor, patience
+        self.streak = 0
+        self.step: Optional[int] = None
+
+    def at(self, step: int, scale: float, overflow: float) -> bool:
+        if self.floor is None or not self.patience:
+            return False
+        self.streak = self.streak + 1 if overflow and scale <= self.floor else 0
+        if self.streak >= self.patience:
+            self.step = step
+        return self.step is not None
+
+    def summary(self) -> dict:
+        out = {"collapsed": self.step is not None, "collapsed_at_step": self.step}
+        if self.step is not None:
+            out.update(collapse_floor=self.floor, collapse_patience=self.patience)
+        return out
 
 
 def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], scale_now) -> dict:

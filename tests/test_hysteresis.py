@@ -1,0 +1,121 @@
+"""loss_scale=dynamic_hysteresis: DeepSpeed's rule, in MindSpore's compiled step, under both engines."""
+
+import numpy as np
+import pytest
+
+from deepspeed_loss_scaler import scale_column
+
+SETTINGS = [  # (settings, overflow probability): the floor, the cap and both hysteresis modes all reached
+    (dict(init_loss_scale=2.0**16, hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0,
+          max_loss_scale=2.0**24, scale_factor=2, scale_window=10), 0.15),
+    (dict(init_loss_scale=2.0**10, hysteresis=3, consecutive_hysteresis=True, min_loss_scale=1.0,
+          max_loss_scale=None, scale_factor=2, scale_window=5), 0.3),
+    (dict(init_loss_scale=8.0, hysteresis=1, consecutive_hysteresis=False, min_loss_scale=1.0,
+          max_loss_scale=2.0**12, scale_factor=2, scale_window=3), 0.1),
+    (dict(init_loss_scale=2.0**20, hysteresis=4, consecutive_hysteresis=False, min_loss_scale=4.0,
+          max_loss_scale=2.0**22, scale_factor=4, scale_window=1), 0.6),
+    (dict(init_loss_scale=2.0**8, hysteresis=2, consecutive_hysteresis=True, min_loss_scale=2.0,
+          max_loss_scale=2.0**9, scale_factor=2, scale_window=2), 0.5),
+]
+
+
+@pytest.mark.parametrize("setting,p", SETTINGS)
+def test_update_cell_equals_deepspeed_on_random_overflows(setting, p):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    from conftest import compose_cfg
+    from lsexp import device
+    from lsexp.hysteresis import HysteresisLossScaleManager
+
+    cfg = compose_cfg()
+    device.configure(cfg.device, cfg.train.mode)  # as a run does, before any kernel
+    for seed in (0, 1, 2):
+        flags = np.random.default_rng(seed).random(1000) < p
+        cell = HysteresisLossScaleManager(**setting).get_update_cell()  # fresh counters per sequence
+        scale = Parameter(Tensor(setting["init_loss_scale"], ms.float32), name="scale")
+        column = []
+        for flag in flags:
+            column.append(float(scale.asnumpy()))
+            cell(scale, Tensor(bool(flag)))
+        expected = scale_column(flags, **setting)
+        assert column == expected, f"seed {seed}"
+        moves = np.diff(np.log2(expected))
+        assert (moves > 0).any() and (moves < 0).any()
+
+
+def test_the_random_sequences_reach_the_floor_and_the_cap():
+    reached = {"floor": 0, "cap": 0}
+    for setting, p in SETTINGS:
+        for seed in (0, 1, 2):
+            column = scale_column(np.random.default_rng(seed).random(1000) < p, **setting)
+            reached["floor"] += setting["min_loss_scale"] in column
+            reached["cap"] += setting["max_loss_scale"] in column
+    assert reached["floor"] >= 3 and reached["cap"] >= 3, reached
+
+
+TRAIN_SETTING = dict(init_loss_scale=2.0**10, hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0,
+                     max_loss_scale=2.0**13, scale_factor=2, scale_window=20)
+
+
+def _overrides(setting):
+    return ["loss_scale=dynamic_hysteresis"] + [
+        f"loss_scale.{k}={'null' if v is None else str(v).lower()}" for k, v in setting.items()]
+
+
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+def test_scale_column_of_a_1000_step_run_equals_deepspeed(train_run, engine):
+    # amp=O0 computes in float32, so the injected overflows are the only ones: the flags are known.
+    steps = sorted(int(s) for s in np.flatnonzero(np.random.default_rng(7).random(1000) < 0.1) + 1)
+    summary, rows, _ = train_run(f"engine={engine}", "model=mlp", "train.epochs=40", "train.max_steps=1000",
+                                 f"inject.overflow_steps=[{','.join(map(str, steps))}]", *_overrides(TRAIN_SETTING))
+    flags = [r["overflow"] for r in rows]
+    assert len(rows) == 1000 and [r["step"] for r in rows if r["overflow"]] == steps
+    assert [r["loss_scale"] for r in rows] == scale_column(flags, **TRAIN_SETTING)
+    assert summary["skipped_steps"] == len(steps)  # every overflow skips, hysteresis only delays the back-off
+    assert summary["final_loss_scale"] == scale_column(flags + [0], **TRAIN_SETTING)[-1]
+
+
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+def test_hysteresis_2_skips_both_overflows_and_backs_off_only_after_the_second(train_run, engine):
+    _, rows, _ = train_run(f"engine={engine}", "amp=O2", "loss_scale=dynamic_hysteresis", "loss_scale.hysteresis=2",
+                           "inject.overflow_steps=[3,4]", "train.max_steps=6")
+    scale = [r["loss_scale"] for r in rows]
+    assert [r["overflow"] for r in rows] == [0, 0, 1, 1, 0, 0]
+    assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 2, 2, 2]  # the update is skipped at both
+    assert scale[3] == scale[2] == 2.0**16  # unchanged after step 3
+    assert scale[4] == scale[3] / 2  # backed off after the second
+
+
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+def test_resumed_hysteresis_run_has_the_straight_runs_history(train_run, engine):
+    # An overflow before the checkpoint uses up one unit of hysteresis, so the one after it backs off
+    # only if the resumed run kept the counters; growth every 7 steps needs the iteration counters too.
+    common = [f"engine={engine}", "amp=O2", "loss_scale=dynamic_hysteresis", "loss_scale.scale_window=7",
+              "loss_scale.init_loss_scale=1024"]
+    inject = "inject.overflow_steps=[9,14,15]"
+    _, straight, _ = train_run(*common, inject, "train.max_steps=24")
+    _, first, part = train_run(*common, "inject.overflow_steps=[9]", "train.max_steps=10", "train.checkpoint=true")
+    summary, second, _ = train_run(*common, inject, "train.max_steps=24", f"train.resume={part / 'checkpoint.ckpt'}")
+    assert summary["resumed_from_step"] == 10
+    assert first + second == straight
+    scales = [r["loss_scale"] for r in straight]
+    assert scales[14] == scales[13] / 2, "the overflow at step 14 backs off because step 9's used up the hysteresis"
+    setting = dict(TRAIN_SETTING, init_loss_scale=1024.0, max_loss_scale=2.0**24, scale_window=7)
+    assert scales == scale_column([r["overflow"] for r in straight], **setting)
+    assert max(scales) > 1024 and min(scales) < 1024
+
+
+def test_dynamic_hysteresis_validation_names_the_key_and_the_fix():
+    from conftest import compose_cfg
+    from lsexp.config import ConfigError, validate
+
+    for overrides, key in [
+        (["loss_scale.hysteresis=0"], "loss_scale.hysteresis=0"),
+        (["loss_scale.min_loss_scale=8", "loss_scale.init_loss_scale=4"], "loss_scale.init_loss_scale=4.0"),
+        (["loss_scale.max_loss_scale=2", "loss_scale.min_loss_scale=4"], "loss_scale.max_loss_scale=2.0"),
+        (["loss_scale.init_loss_scale=0.5"], "loss_scale.init_loss_scale=0.5"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            validate(compose_cfg("loss_scale=dynamic_hysteresis", *overrides))
+        assert len(err.value.problems) == 1 and err.value.problems[0].startswith(key), err.value.problems
