@@ -73,7 +73,8 @@ def test_scale_sweep_shows_both_ends_of_the_window(tmp_path):
 
 
 def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_path):
-    client, parent, children = _sweep(tmp_path, "experiment=dynamic_window", "loss_scale.scale_window=5",
+    client, parent, children = _sweep(tmp_path, "experiment=dynamic_window", "loss_scale=dynamic",
+                                      "loss_scale.scale_window=5",
                                       "loss_scale.scale_factor=2,4", "inject.overflow_steps=[20,21]",
                                       "train.max_steps=40")
     rows = {int(r["scale_factor"]): r for r in _table(tmp_path, client, parent, "dynamic_window")}
@@ -98,3 +99,17 @@ def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_p
     (first,) = tmp_path.glob("multirun/*/*/study/dynamic_window.csv")
     assert (tmp_path / "again" / "dynamic_window.csv").read_text() == first.read_text()
     assert (tmp_path / "again" / "dynamic_window.png").stat().st_size > 0
+
+
+def test_engines_study_pairs_the_engines_runs_and_finds_them_identical(tmp_path):
+    client, parent, children = _sweep(tmp_path, "experiment=engines", "loss_scale=dynamic_hysteresis",
+                                      "train.max_steps=12", "inject.overflow_steps=[5,6,7]")
+    assert sorted(c.data.tags["lsexp.engine"] for c in children) == ["cell", "functional"]
+    rows = {r["strategy"]: r for r in _table(tmp_path, client, parent, "engines")}
+    assert sorted(rows) == ["dynamic_hysteresis"]
+    for row in rows.values():
+        assert row["same_overflows"] == "True" and row["same_scales"] == "True", row
+        assert float(row["max_loss_difference"]) == 0.0 and int(row["steps"]) == 12
+        assert float(row["functional_speed_ratio"]) == pytest.approx(
+            float(row["functional_steps_per_second"]) / float(row["cell_steps_per_second"]))
+    assert int(rows["dynamic_hysteresis"]["skipped_steps"]) == 3  # hysteresis delays the back-off, not the skip

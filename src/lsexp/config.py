@@ -280,7 +280,8 @@ def dataset_name(cfg: DictConfig) -> str:
 
 
 def run_name(cfg: DictConfig) -> str:
-    return f"{model_name(cfg)}-{dataset_name(cfg)}-{cfg.amp.level}-{strategy(cfg)}"
+    engine = "" if cfg.engine.name == "cell" else f"-{cfg.engine.name}"  # the default engine goes unnamed
+    return f"{model_name(cfg)}-{dataset_name(cfg)}-{cfg.amp.level}-{strategy(cfg)}{engine}"
 
 
 # --- validation ------------------------------------------------------------------------------

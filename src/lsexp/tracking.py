@@ -68,6 +68,7 @@ def run_tags(cfg: DictConfig) -> Dict[str, str]:
 
     return {
         "lsexp.strategy": strategy(cfg),
+        "lsexp.engine": cfg.engine.name,
         "lsexp.amp_level": cfg.amp.level,
         "lsexp.device_target": device.resolve_target(str(cfg.device.device_target)),  # what `auto` becomes
         "lsexp.model": model_name(cfg),
