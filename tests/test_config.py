@@ -191,7 +191,7 @@ def test_every_study_composes_validates_and_names_its_report(study):
 
 
 def test_an_unknown_study_is_one_line_naming_the_choices():
-    with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of dynamic_window, none_vs_scaled"):
+    with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of dynamic_window, engines, none_vs_scaled"):
         validate(compose_cfg("study=nope"))
 
 

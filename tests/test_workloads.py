@@ -101,6 +101,7 @@ def test_resnet_reaches_90_percent_on_digits_with_the_default_epochs(tmp_path):
 
 
 # --- real formats through MindSpore's loaders -----------------------------------------------------
+@pytest.mark.slow  # 750 steps through the pipeline: MNIST's reading is also covered by the 20-step test below
 def test_mnist_trains_the_default_lenet5_on_the_cli(tmp_path, mnist_dir):
     # LeNet5's Normal(0.02) layers sit on a plateau for a few hundred steps before they learn.
     out = run_cli("dataset=mnist", f"dataset.path={mnist_dir}", "train.epochs=4", "tracking=none",
