@@ -96,6 +96,19 @@ def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_
 
 
 @pytest.mark.msrun
+def test_the_functional_engine_and_hysteresis_decide_alike_on_every_rank(tmp_path):
+    # Rank 1's two overflows reach rank 0 through the reducer: both skip both steps, and hysteresis 2
+    # backs off only after the second, on both ranks.
+    out, _, run_dir = _lsexp(tmp_path, "engine=functional", "loss_scale=dynamic_hysteresis", "tracking=none",
+                             "inject.overflow_steps=[3,4]", "inject.rank=1", "train.max_steps=6")
+    assert out.returncode == 0, out.stderr
+    rows = read_history(run_dir / "history.csv")
+    assert [r["overflow"] for r in rows] == [0, 0, 1, 1, 0, 0] and rows[-1]["skipped_steps"] == 2
+    assert [r["loss_scale"] for r in rows] == [65536.0] * 4 + [32768.0] * 2
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_identical"] is True
+
+
+@pytest.mark.msrun
 def test_a_two_rank_run_resumed_from_its_checkpoint_continues_exactly(tmp_path):
     common = ["loss_scale=dynamic", "loss_scale.scale_window=3", "tracking=none"]
     first, _, part = _lsexp(tmp_path, *common, "train.max_steps=6", "train.checkpoint=true", name="part")

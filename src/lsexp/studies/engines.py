@@ -2,13 +2,16 @@
 
 Each strategy runs once under each engine with the same seed, data and injected overflows. The table
 pairs the two runs: whether the overflow flags and the scale columns are identical, the largest
-difference between their losses, and each engine's speed (steps per second of training, measured in
-the same sweep, one job after the other).
+difference between their losses, and each engine's speed: steps per second of training after the
+first epoch (which holds the compilation), from the runs' own epoch_seconds, measured in the same
+sweep, the two engines' jobs one right after the other.
 """
 
 from __future__ import annotations
 
-from typing import Dict, List
+import csv
+import json
+from typing import Dict, List, Optional
 
 from lsexp.studies import StudyRun, log2
 
@@ -19,6 +22,17 @@ COLUMNS = ["strategy", "steps", "same_overflows", "same_scales", "max_loss_diffe
 
 def _engine(run: StudyRun) -> str:
     return run.param("engine.name", "cell")
+
+
+def steady_speed(run: StudyRun) -> Optional[float]:
+    """Steps per second over the epochs after the first; None for a run of one epoch."""
+    summary, history = run.artifact("summary.json"), run.artifact("history.csv")
+    if summary is None or history is None:
+        return None
+    seconds = json.loads(summary.read_text()).get("epoch_seconds", [])[1:]
+    with open(history, newline="") as f:
+        steps = sum(1 for row in csv.DictReader(f) if int(row["epoch"]) >= 2)
+    return steps / sum(seconds) if seconds and sum(seconds) > 0 else None
 
 
 def table(runs: List[StudyRun]):
@@ -39,8 +53,8 @@ def table(runs: List[StudyRun]):
                "skipped_steps": int(cell.metrics.get("skipped_steps", 0)),
                "final_loss_scale": cell.metrics.get("final_loss_scale", float("nan")),
                "eval_accuracy": cell.metrics.get("eval_accuracy", float("nan")),
-               "cell_steps_per_second": cell.metrics.get("steps_per_second", float("nan")),
-               "functional_steps_per_second": functional.metrics.get("steps_per_second", float("nan")),
+               "cell_steps_per_second": steady_speed(cell) or float("nan"),
+               "functional_steps_per_second": steady_speed(functional) or float("nan"),
                "_pair": (cell, functional)}
         row["functional_speed_ratio"] = row["functional_steps_per_second"] / row["cell_steps_per_second"]
         rows.append(row)
