@@ -17,7 +17,8 @@ from __future__ import annotations
 
 
 import importlib.util
-from typing import Dict, Optional, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -39,7 +40,7 @@ _TARGETS = {
 def _installed(module: str) -> bool:
     try:
         return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing
+    except ImportError:  # its parent package is missing
         return False
 
 
@@ -57,6 +58,12 @@ def problem(config: DictConfig) -> Optional[str]:
     if option == "ray":
         if not _installed("ray"):
             return f'hydra/launcher=ray: ray is not installed; pip install -e ".[ray]"'
+        address = OmegaConf.select(launcher, "ray.init.address")
+        if address and str(address) not in ("auto", "local"):
+            why = _unreachable(str(address))
+            if why:  # ray.init would retry for minutes
+                return (f"hydra.launcher.ray.init.address={address}: no Ray cluster answers there ({why}); "
+                        f"start one (ray start --head) or leave the address null for a local one")
         num_cpus = OmegaConf.select(launcher, "ray.remote.num_cpus")
         if num_cpus is not None and num_cpus <= 0:
             return f"hydra.launcher.ray.remote.num_cpus={num_cpus}: must be > 0 (the CPUs each job reserves)"
@@ -81,6 +88,19 @@ def problem(config: DictConfig) -> Optional[str]:
     return None
 
 
+def _unreachable(address: str) -> Optional[str]:
+    import socket
+
+    host, _, port = address.split("://", 1)[-1].rpartition(":")
+    if not host or not port.isdigit():
+        return "not host:port"
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
 def threads_per_job(launcher: DictConfig) -> Optional[int]:
     """The CPUs a scheduler reserves for each job (Ray's num_cpus, Slurm's cpus_per_task), which its
     MindSpore kernel threads should not exceed; None when the launcher says nothing of it."""
@@ -90,3 +110,39 @@ def threads_per_job(launcher: DictConfig) -> Optional[int]:
     if cpus is None:
         return None
     return max(1, int(cpus))
+
+
+def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: float = 15.0) -> None:
+    """End as KILLED the MLflow runs of jobs whose process was lost with their tracking worker (a
+    Slurm job is cancelled as a whole: its tracking worker gets the same SIGTERM as the job). A run
+    whose worker is alive ends on its own within the grace; only one still RUNNING after it is closed."""
+    import logging
+    import time
+    from pathlib import Path
+
+    if not lost or config.tracking.backend != "mlflow":
+        return
+    from lsexp.store import client_for, redact, resolve_uri, with_retry
+    from lsexp.tracking import PARENT_FILE
+
+    parent_file = Path(str(config.hydra.sweep.dir)) / PARENT_FILE
+    if not parent_file.exists():
+        return
+    parent = parent_file.read_text().strip()
+    client = client_for(resolve_uri(config.tracking.uri, os.getcwd()))
+    experiment = with_retry(client.get_run, parent).info.experiment_id
+    wanted = {redact(" ".join(overrides)) for overrides in lost}
+    query = f"tags.mlflow.parentRunId = '{parent}' and attributes.status = 'RUNNING'"
+    deadline = time.time() + grace_s
+    while True:
+        running = [r for r in with_retry(client.search_runs, [experiment], query)
+                   if r.data.tags.get("lsexp.overrides") in wanted]
+        if not running or time.time() > deadline:
+            break
+        time.sleep(1)
+    for run in running:
+        logging.getLogger(__name__).warning("closing the run %s (%s) of a lost job as KILLED", run.info.run_id,
+                                            run.data.tags.get("lsexp.overrides"))
+        with_retry(client.set_tag, run.info.run_id, "lsexp.error", "the job's process was lost (killed, or its "
+                   "node failed) before its run was closed")
+        with_retry(client.set_terminated, run.info.run_id, "KILLED")

@@ -24,6 +24,8 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as _PluginLauncher
 from omegaconf import OmegaConf, open_dict
 
+from lsexp.launchers import close_lost_runs
+
 log = logging.getLogger(__name__)
 
 # ray.init refuses these when it connects to an existing cluster
@@ -37,10 +39,22 @@ def init_kwargs(init) -> dict:
         for key in _NEW_CLUSTER_ONLY:
             kwargs.pop(key, None)
     else:
-        kwargs.pop("address", None)
+        # a new cluster, even if `ray start` left one (or the record of one) on this machine, which
+        # ray.init() without an address would join
+        kwargs["address"] = "local"
         # as the plugin does: Ray's default can be too little on a small CI machine
         kwargs.setdefault("object_store_memory", 78643200)
     return kwargs
+
+
+def _run_job_in(cwd: str, hydra_context, sweep_config, task_function, singleton_state) -> JobReturn:
+    """The plugin's job, from the sweep's start folder: a worker of a cluster started elsewhere
+    (`ray start`) has that command's folder, where the sweep's relative paths would go astray."""
+    from hydra_plugins.hydra_ray_launcher._launcher_util import _run_job
+
+    if os.path.isdir(cwd):
+        os.chdir(cwd)  # the worker serves this one job (max_calls=1)
+    return _run_job(hydra_context, sweep_config, task_function, singleton_state)
 
 
 def failed(overrides: Sequence[str], error: BaseException) -> JobReturn:
@@ -53,7 +67,6 @@ class RayLauncher(_PluginLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
         import ray
-        from hydra_plugins.hydra_ray_launcher._launcher_util import launch_job_on_ray
 
         setup_globals()
         assert self.config is not None and self.hydra_context is not None and self.task_function is not None
@@ -62,10 +75,11 @@ class RayLauncher(_PluginLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if not ray.is_initialized():
             kwargs = init_kwargs(self.ray_cfg.init)
-            log.info("Ray: %s", f"connecting to {kwargs['address']}" if kwargs.get("address")
+            log.info("Ray: %s", f"connecting to {kwargs['address']}" if kwargs["address"] != "local"
                      else "starting a local cluster")
             ray.init(**kwargs)
         log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
+        remote = ray.remote(**OmegaConf.to_container(self.ray_cfg.remote, resolve=True))(_run_job_in)
         refs, overrides_of = [], []
         for idx, overrides in enumerate(job_overrides):
             idx = initial_job_idx + idx
@@ -74,8 +88,8 @@ class RayLauncher(_PluginLauncher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = f"job_id_for_{idx}"
                 sweep_config.hydra.job.num = idx
-            refs.append(launch_job_on_ray(self.hydra_context, self.ray_cfg.remote, sweep_config, self.task_function,
-                                          Singleton.get_state()))
+            refs.append(remote.remote(os.getcwd(), self.hydra_context, sweep_config, self.task_function,
+                                      Singleton.get_state()))
             overrides_of.append(list(overrides))
         results: List[JobReturn] = []
         try:
@@ -90,4 +104,5 @@ class RayLauncher(_PluginLauncher):
             for ref in refs:
                 ray.cancel(ref)
             raise
+        close_lost_runs(self.config, [o for o, r in zip(overrides_of, results) if r.status != JobStatus.COMPLETED])
         return results

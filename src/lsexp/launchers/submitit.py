@@ -24,6 +24,7 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
 from omegaconf import OmegaConf
 
+from lsexp.launchers import close_lost_runs
 from lsexp.launchers.ray import failed
 
 log = logging.getLogger(__name__)
@@ -141,7 +142,9 @@ class _Launcher(_plugin.BaseSubmititLauncher):
             jobs[0].watcher._make_command = lambda: None
             log.info("this cluster keeps no accounting (sacct), so a job that leaves the queue without a "
                      "result is failed after %g s", LOST_AFTER_S)
-        return _Waiter(self._EXECUTOR).wait(list(jobs), [list(o) for o in job_overrides])
+        results = _Waiter(self._EXECUTOR).wait(list(jobs), [list(o) for o in job_overrides])
+        close_lost_runs(self.config, [o for o, r in zip(job_overrides, results) if r.status.name != "COMPLETED"])
+        return results
 
 
 class LocalLauncher(_Launcher):
