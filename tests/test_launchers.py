@@ -260,7 +260,7 @@ def test_ray_sweep_on_an_existing_cluster_by_address(ray_ready, tmp_path):
             head.wait(timeout=30)
 
 
-# --- refusals: one line, exit 2, before the sweep (the default suite: no extra needed) --------------
+# --- refusals: one line, exit 2, before the sweep (marked too: the default suite stays as it was) ------
 # the lsexp command in an environment without the given modules (None in sys.modules: not importable)
 _HIDE = ("import sys\n"
          "sys.modules.update(dict.fromkeys(sys.argv[1].split(',')))\n"
@@ -269,9 +269,10 @@ _HIDE = ("import sys\n"
 
 
 @pytest.mark.parametrize("option, hidden, extra", [
-    ("ray", "hydra_plugins.hydra_ray_launcher,hydra_plugins.hydra_ray_launcher._config,ray", "ray"),
-    ("submitit_slurm", "hydra_plugins.hydra_submitit_launcher,hydra_plugins.hydra_submitit_launcher.config,submitit",
-     "slurm"),
+    pytest.param("ray", "hydra_plugins.hydra_ray_launcher,hydra_plugins.hydra_ray_launcher._config,ray", "ray",
+                 marks=pytest.mark.ray),
+    pytest.param("submitit_slurm", "hydra_plugins.hydra_submitit_launcher,hydra_plugins.hydra_submitit_launcher.config,"
+                 "submitit", "slurm", marks=pytest.mark.slurm),
 ])
 def test_a_launcher_whose_extra_is_missing_is_one_line(tmp_path, option, hidden, extra):
     out = subprocess.run([sys.executable, "-c", _HIDE, hidden, "-m", f"hydra/launcher={option}",
@@ -283,9 +284,8 @@ def test_a_launcher_whose_extra_is_missing_is_one_line(tmp_path, option, hidden,
     assert not (tmp_path / "multirun").exists()
 
 
-def test_a_ray_address_where_no_cluster_answers_is_one_line(tmp_path):
-    if importlib.util.find_spec("hydra_plugins.hydra_ray_launcher") is None:
-        pytest.skip("hydra-ray-launcher is not installed")
+@pytest.mark.ray
+def test_a_ray_address_where_no_cluster_answers_is_one_line(ray_ready, tmp_path):
     port = slurm_cluster.free_port()
     out = run_cli("-m", "hydra/launcher=ray", f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
                   "train.max_steps=2,3", "tracking=none", *FAST, cwd=tmp_path, timeout=300)
@@ -294,9 +294,9 @@ def test_a_ray_address_where_no_cluster_answers_is_one_line(tmp_path):
     assert line.startswith(f"lsexp: config error: hydra.launcher.ray.init.address=127.0.0.1:{port}: no Ray cluster")
 
 
+@pytest.mark.slurm
 def test_a_slurm_time_limit_inside_the_warning_signal_is_one_line(tmp_path):
-    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
-        pytest.skip("hydra-submitit-launcher is not installed")
+    _need("hydra_plugins.hydra_submitit_launcher", "slurm")
     out = run_cli("-m", "hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=2", "train.max_steps=2,3",
                   "tracking=none", *FAST, cwd=tmp_path, timeout=300)
     assert out.returncode == 2, out.stderr
