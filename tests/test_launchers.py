@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mlflow.tracking import MlflowClient
+import yaml
 
 import slurm_cluster
 from conftest import run_cli
@@ -126,7 +126,7 @@ def test_sweep_equals_the_basic_launchers_with_one_parent_and_report(launcher, b
     assert {c.data.params["device.threads_num"] for c in children} == {"1"}
     by_overrides = {c.data.tags["lsexp.overrides"]: c for c in children}
     for job in job_dirs(tmp_path):
-        overrides = " ".join(__import__("yaml").safe_load((job / ".hydra" / "overrides.yaml").read_text()))
+        overrides = " ".join(yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
         scales = sorted((m.step, m.value) for m in client.get_metric_history(by_overrides[overrides].info.run_id,
                                                                               "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
@@ -187,9 +187,11 @@ def _kill_the_long_job(name: str, cwd: Path, cluster) -> None:
         cluster.run("scancel", jobs[0])
         return
     # outright: the job's own process dies, as under the OOM killer
-    marker = "ray::_run_job" if name == "ray" else str(cwd)
-    pids = [p for p in _pids_with(marker) if name == "ray" or "submitit.core._submit" in
-            (Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))]
+    marker = "ray::_run_job" if name == "ray" else "submitit.core._submit " + str(cwd)
+    deadline = time.time() + 30
+    while len(_pids_with(marker)) != 1 and time.time() < deadline:  # the short job's process may be exiting
+        time.sleep(0.5)
+    pids = _pids_with(marker)
     assert len(pids) == 1, pids
     os.kill(pids[0], signal.SIGKILL)
 

@@ -4,17 +4,16 @@ and `submitit_slurm` (hydra-submitit-launcher, `pip install -e ".[slurm]"`).
 
 lsexp's own configs for them sit in conf/hydra/launcher/ and take precedence over the plugins'
 (same option names, lsexp's defaults); Hydra checks each against the plugin's schema of the same
-name, so a mistyped key is refused as with the plugin alone. Their `_target_` is
+name, so a mistyped key is refused as with the plugin alone. Their `_target_` is in
 hydra_plugins.lsexp_launchers (Hydra takes launchers from that package only), which hands the
-sweep to its implementation in this package that adds what lsexp needs of a launcher: every job's outcome is
-awaited (a failed or lost job becomes a failed job, never a hang, and the others still finish), and
-a job runs in a process of its own.
+sweep to its implementation here (ray.py, submitit.py). What they add to the plugins: every job's
+outcome is awaited (a failed or lost job becomes a failed job, never a hang, and the others still
+finish), a lost job's MLflow run is closed, and a job runs in a process of its own.
 
 Nothing here imports Ray or submitit: the wrappers do, once the launcher is used.
 """
 
 from __future__ import annotations
-
 
 import importlib.util
 import os
@@ -22,13 +21,11 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
-# option -> (the plugin's package, its module, its schema, the pip extra that installs it)
-PLUGINS: Dict[str, Tuple[str, str, str, str]] = {
-    "ray": ("hydra-ray-launcher", "hydra_plugins.hydra_ray_launcher._config", "RayLauncherConf", "ray"),
-    "submitit_local": ("hydra-submitit-launcher", "hydra_plugins.hydra_submitit_launcher.config", "LocalQueueConf",
-                       "slurm"),
-    "submitit_slurm": ("hydra-submitit-launcher", "hydra_plugins.hydra_submitit_launcher.config", "SlurmQueueConf",
-                       "slurm"),
+# option -> (the plugin's package, its config module, the pip extra that installs it)
+PLUGINS: Dict[str, Tuple[str, str, str]] = {
+    "ray": ("hydra-ray-launcher", "hydra_plugins.hydra_ray_launcher._config", "ray"),
+    "submitit_local": ("hydra-submitit-launcher", "hydra_plugins.hydra_submitit_launcher.config", "slurm"),
+    "submitit_slurm": ("hydra-submitit-launcher", "hydra_plugins.hydra_submitit_launcher.config", "slurm"),
 }
 _TARGETS = {
     "hydra_plugins.lsexp_launchers.launchers.RayLauncher": "ray",
@@ -50,14 +47,14 @@ def problem(config: DictConfig) -> Optional[str]:
     option = _TARGETS.get(str(target))
     if option is None:
         return None
-    package, module, _, extra = PLUGINS[option]
+    package, module, extra = PLUGINS[option]
     if not _installed(module):
         return (f"hydra/launcher={option}: {package} is not installed; "
                 f'pip install -e ".[{extra}]" (or pip install {package})')
     launcher = config.hydra.launcher
     if option == "ray":
         if not _installed("ray"):
-            return f'hydra/launcher=ray: ray is not installed; pip install -e ".[ray]"'
+            return 'hydra/launcher=ray: ray is not installed; pip install -e ".[ray]"'
         address = OmegaConf.select(launcher, "ray.init.address")
         if address and str(address) not in ("auto", "local"):
             why = _unreachable(str(address))
@@ -78,8 +75,8 @@ def problem(config: DictConfig) -> Optional[str]:
             # Slurm would send USR2 before the job has even started, before submitit's handler exists.
             return (f"hydra.launcher.timeout_min={timeout_min}: Slurm signals a job signal_delay_s={delay} s "
                     f"before its time limit, so {timeout_min * 60} s leaves it no time to run; set timeout_min "
-                    f"above {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s")
-        if option == "submitit_slurm" and _installed("submitit"):
+                    f"to at least {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s")
+        if option == "submitit_slurm":
             import shutil
 
             if shutil.which("sbatch") is None:
