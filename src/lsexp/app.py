@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,14 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
 
-from lsexp import families, paths
+from lsexp import families, launchers, paths
 from lsexp.config import ConfigError, optimizer_loss_scale, register_configs, validate
 
 log = logging.getLogger("lsexp")
+# lsexp's conf/hydra/launcher/ray.yaml (and submitit_*) are checked against the plugin's schema of the
+# same name, which Hydra 1.3 does and warns about (mixing the plugin's schema in explicitly fails: its
+# plugin scanner loads the plugin's module a second time, a second class of the same name).
+warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 register_configs()
 
 
@@ -61,6 +66,10 @@ class ValidateOnRunStart(Callback):
         _exit_unless_creatable("hydra.run.dir", config.hydra.run.dir)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        problem = launchers.problem(config)
+        if problem:
+            print(f"lsexp: config error: {problem}", file=sys.stderr)
+            raise SystemExit(2)
         _exit_on_unreachable_tracking(config)
         _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
 
@@ -102,12 +111,14 @@ def run(cfg: DictConfig) -> dict:
 
 
 def _parallel_jobs() -> int:
-    """How many of this sweep's jobs run at once on this machine (joblib's n_jobs; 1 otherwise)."""
+    """How many of this sweep's jobs run at once on this machine: joblib's n_jobs; for Ray and
+    Slurm, as many as the CPUs each job reserves allow; 1 otherwise."""
     if not HydraConfig.initialized() or str(HydraConfig.get().mode) != "RunMode.MULTIRUN":
         return 1
     n_jobs = HydraConfig.get().launcher.get("n_jobs")
     if n_jobs is None:
-        return 1
+        reserved = launchers.threads_per_job(HydraConfig.get().launcher)
+        return max(1, (os.cpu_count() or 1) // reserved) if reserved else 1
     return (os.cpu_count() or 1) if n_jobs < 0 else int(n_jobs)
 
 
