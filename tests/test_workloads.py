@@ -44,7 +44,7 @@ def _short_run(train_run, *overrides):
     return summary, rows
 
 
-@pytest.mark.parametrize("amp", ["O2", "O3"])  # BatchNorm in float32 (O2) or float16 (O3)
+@pytest.mark.parametrize("amp", [pytest.param("O2", marks=pytest.mark.slow), "O3"])  # BatchNorm in float32 (O2, -m slow) or float16 (O3)
 def test_resnet_trains_with_batchnorm_in_both_precisions(train_run, amp):
     summary, rows = _short_run(train_run, "model=resnet", "model.depth=8", "dataset=digits", f"amp={amp}",
                                "loss_scale=dynamic")
@@ -81,6 +81,7 @@ def test_transformer_solves_the_sequence_task_on_held_out_sequences(train_run):
     assert summary["eval_accuracy"] >= 0.9, summary
 
 
+@pytest.mark.slow  # ~20 s of learning; the LM's float16 steps run in test_transformer_trains_in_float16
 def test_character_lm_beats_the_unigram_entropy(train_run, text_file):
     summary, _, _ = train_run("model=transformer", "dataset=text", f"dataset.path={text_file}", "train.epochs=3")
     chars = text_file.read_text()
