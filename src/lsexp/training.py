@@ -78,7 +78,7 @@ def _resume(step_cell, path: str) -> tuple[int, int]:
     if missing:
         raise ConfigError([
             f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved by a different "
-            f"model or loss_scale, so resume with the config it was saved with"
+            f"model, loss_scale or engine, so resume with the config it was saved with"
         ])
     return int(step_cell.lsexp_step.asnumpy()), int(params["lsexp_skipped_steps"].asnumpy())
 
