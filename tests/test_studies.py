@@ -49,6 +49,7 @@ def test_underflow_study_fractions_equal_the_in_step_telemetry(tmp_path):
     assert any(float(r["lost_at_2^0"]) > 0 for r in rows)  # LeNet5's Normal(0.02) weights: ~0.2% at S=1
 
 
+@pytest.mark.slow  # the step-1 arithmetic is also checked by the scale_sweep test
 def test_none_vs_scaled_measures_the_gradient_no_scaling_loses(tmp_path):
     client, parent, children = _sweep(tmp_path, "experiment=none_vs_scaled", "workload=deep_mlp_digits",
                                       "model.hidden_units=[64,64,64,64,64,64]", "loss_scale=none,fixed_drop",
@@ -101,6 +102,7 @@ def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_p
     assert (tmp_path / "again" / "dynamic_window.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # tests/test_engines.py holds the engines to each other in the default suite
 def test_engines_study_pairs_the_engines_runs_and_finds_them_identical(tmp_path):
     client, parent, children = _sweep(tmp_path, "experiment=engines", "loss_scale=dynamic_hysteresis",
                                       "train.epochs=2", "train.max_steps=50", "inject.overflow_steps=[5,6,7]")

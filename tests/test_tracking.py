@@ -190,7 +190,7 @@ def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
     uri = store(tmp_path)
     out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
                   "loss_scale=fixed_drop,fixed_nodrop,dynamic,dynamic_seed_blog", "amp=O0,O2",
-                  "train.max_steps=20", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+                  "train.max_steps=8", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "locked" not in out.stderr.lower()
     client, _, found = runs(uri)
@@ -201,9 +201,10 @@ def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
     for child in children:
         for key in ("loss", "loss_scale", "overflow"):
             assert [m.step for m in sorted(client.get_metric_history(child.info.run_id, key),
-                                           key=lambda m: m.step)] == list(range(1, 21))
+                                           key=lambda m: m.step)] == list(range(1, 9))
 
 
+@pytest.mark.slow  # 9 jobs; sweeps as parent and children are in the default suite below
 def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
     uri = store(tmp_path)
     out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
@@ -504,6 +505,7 @@ def test_a_rejected_config_leaves_no_tracking_worker_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # ~12 s waiting out the early worker; tracking=none on the command line is in the default suite
 def test_tracking_turned_off_by_a_config_file_stops_the_early_worker(tmp_path):
     # the command line does not say tracking=none, so a worker starts early; the composed config then
     # does, and the worker must go before training, not compete with it for the cores

@@ -68,7 +68,7 @@ def test_transformer_every_amp_level_and_strategy(train_run, text_file, amp, str
                f"loss_scale={strategy}")
 
 
-@pytest.mark.parametrize("amp,strategy", [("O3", "dynamic")])  # the rest: the slow grid above
+@pytest.mark.parametrize("amp,strategy", [pytest.param("O3", "dynamic", marks=pytest.mark.slow)])  # and the slow grid above
 def test_transformer_trains_in_float16(train_run, text_file, amp, strategy):
     _short_run(train_run, "model=transformer", "dataset=sequence", f"amp={amp}", f"loss_scale={strategy}")
     _short_run(train_run, "model=transformer", "dataset=text", f"dataset.path={text_file}", f"amp={amp}",
@@ -135,6 +135,7 @@ def test_a_folder_of_pngs_trains_through_image_folder_dataset(train_run, tmp_pat
     assert summary["eval_accuracy"] >= 0.9, summary  # 24 held-out images of 3 classes
 
 
+@pytest.mark.slow  # ~19 s of MNIST files; resume from in-memory data is in the default suite
 def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_run, mnist_dir):
     common = ["dataset=mnist", f"dataset.path={mnist_dir}", "amp=O2", "loss_scale=dynamic",
               "loss_scale.scale_window=5"]
