@@ -1,4 +1,6 @@
 import os
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,6 +26,23 @@ def run_cli(*args: str, cwd: Path, env=None, timeout=600) -> subprocess.Complete
     full_env = dict(os.environ, **(env or {}))
     return subprocess.run([sys.executable, "-m", "lsexp", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=full_env)
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM a server started in its own session, with its children; SIGKILL what outlasts timeout."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
 
 
 @pytest.fixture

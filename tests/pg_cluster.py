@@ -8,9 +8,10 @@ Unix socket in that folder without a password; everyone else over TCP with a pas
 
 from __future__ import annotations
 
+from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
+
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -34,12 +35,6 @@ def missing() -> Optional[str]:
         except KeyError:
             return "running as root, and there is no postgres user to run initdb and pg_ctl as"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

@@ -11,9 +11,10 @@ as the munge user (and left running, like the system service it stands in for).
 
 from __future__ import annotations
 
+from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
+
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -32,12 +33,6 @@ def missing() -> Optional[str]:
     if os.geteuid() != 0:
         return "slurmd must run as root to start jobs"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _munge_works() -> bool:

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 import slurm_cluster
-from conftest import run_cli
+from conftest import run_cli, stop_group
 from test_tracking import FAST, job_dirs, runs, store
 from lsexp.training import read_history
 
@@ -254,12 +254,7 @@ def test_ray_sweep_on_an_existing_cluster_by_address(ray_ready, tmp_path):
         _, parent, children, _ = _family(uri)
         assert parent.info.status == "FINISHED" and [c.info.status for c in children] == ["FINISHED"] * 2
     finally:
-        os.killpg(head.pid, signal.SIGTERM)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-            head.wait(timeout=30)
+        stop_group(head, timeout=60)
 
 
 # --- refusals: one line, exit 2, before the sweep (marked too: the default suite stays as it was) ------

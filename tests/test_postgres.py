@@ -23,7 +23,7 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 import pg_cluster
-from conftest import run_cli
+from conftest import run_cli, stop_group
 from test_tracking import FAST, job_dirs, runs
 from lsexp.training import read_history
 
@@ -98,12 +98,7 @@ def team_server(cluster, tmp_path_factory):
         _wait_for_health(url, proc, log)
         yield url, log, root / "artifacts", db
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        stop_group(proc)
     assert SECRET not in log.read_text()
 
 

@@ -5,7 +5,6 @@ import math
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from conftest import run_cli
+from conftest import free_port, run_cli, stop_group
 from lsexp.training import read_history
 
 FAST = ["train.progress=false"]
@@ -315,15 +314,9 @@ def _running(uri: str) -> bool:
     return any(r.info.status == "RUNNING" for r in found)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def mlflow_server(tmp_path):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
          "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
@@ -343,8 +336,7 @@ def mlflow_server(tmp_path):
             pytest.fail("mlflow server did not start")
         yield url
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        stop_group(proc)
 
 
 def test_http_tracking_server(tmp_path, mlflow_server):
@@ -358,7 +350,7 @@ def test_http_tracking_server(tmp_path, mlflow_server):
 
 
 def test_unreachable_server_is_one_line_before_training(tmp_path):
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     out = run_cli("train.max_steps=5", f"tracking.uri={url}", cwd=tmp_path)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()

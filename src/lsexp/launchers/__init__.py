@@ -109,6 +109,16 @@ def threads_per_job(launcher: DictConfig) -> Optional[int]:
     return max(1, int(cpus))
 
 
+def failed(overrides: Sequence[str], error: BaseException):
+    """A job that did not return, as Hydra's launchers report one (shared by Ray and submitit, so that
+    neither needs the other's plugin installed)."""
+    from hydra.core.utils import JobReturn, JobStatus
+
+    ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
+    ret.return_value = error
+    return ret
+
+
 def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: float = 15.0) -> None:
     """End as KILLED the MLflow runs of jobs whose process was lost with their tracking worker (a
     Slurm job is cancelled as a whole: its tracking worker gets the same SIGTERM as the job). A run

@@ -24,7 +24,7 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as _PluginLauncher
 from omegaconf import OmegaConf, open_dict
 
-from lsexp.launchers import close_lost_runs
+from lsexp.launchers import close_lost_runs, failed
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,6 @@ def _run_job_in(cwd: str, hydra_context, sweep_config, task_function, singleton_
     if os.path.isdir(cwd):
         os.chdir(cwd)  # the worker serves this one job (max_calls=1)
     return _run_job(hydra_context, sweep_config, task_function, singleton_state)
-
-
-def failed(overrides: Sequence[str], error: BaseException) -> JobReturn:
-    ret = JobReturn(overrides=list(overrides), status=JobStatus.FAILED)
-    ret.return_value = error
-    return ret
 
 
 class RayLauncher(_PluginLauncher):

@@ -24,8 +24,7 @@ from hydra.core.utils import JobReturn, filter_overrides
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
 from omegaconf import OmegaConf
 
-from lsexp.launchers import close_lost_runs
-from lsexp.launchers.ray import failed
+from lsexp.launchers import close_lost_runs, failed
 
 log = logging.getLogger(__name__)
 
