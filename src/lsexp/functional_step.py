@@ -25,7 +25,7 @@ from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaler, StaticLossScaler, all_finite
 
 from lsexp.config import strategy
-from lsexp.loss_scaling import _StepRecorder
+from lsexp.loss_scaling import _StepRecorder, injection
 
 
 def _grad_reducer(weights):
@@ -59,6 +59,9 @@ class FunctionalTrainStep(_StepRecorder, nn.Cell):
         # has_aux: the gradients are of the scaled loss; the loss itself is returned as it was
         # computed, so a scaled loss that overflows does not read as divergence.
         self.grad_fn = ms.value_and_grad(self.forward, None, self.weights, has_aux=True)
+
+    def scale_now(self) -> float:
+        return 1.0 if self.scaler is None else float(self.scaler.scale_value.asnumpy())
 
     def forward(self, *inputs):
         loss = self.network(*inputs)
@@ -101,8 +104,6 @@ def scaler_for(cfg):
 def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int, native_check: bool,
                      rank: int = 0) -> nn.Cell:
     """engine=functional's counterpart of lsexp.loss_scaling.build_train_step."""
-    from lsexp.loss_scaling import injection
-
     drop = strategy(cfg) in ("fixed_drop", "dynamic", "dynamic_hysteresis")
     return FunctionalTrainStep(loss_net, optimizer, scaler_for(cfg), drop,
                                **injection(cfg, last_step, native_check, rank))

@@ -109,6 +109,9 @@ class LossScaleTrainStep(_StepRecorder, nn.TrainOneStepWithLossScaleCell):
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
+    def scale_now(self) -> float:
+        return float(self.scale_sense.asnumpy())
+
     def get_overflow_status(self, status, compute_output):
         if self.native_check:
             return super().get_overflow_status(status, compute_output)
@@ -154,6 +157,9 @@ class NoDropTrainStep(_StepRecorder, nn.TrainOneStepCell):
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
         self.scale = Tensor(sens, mstype.float32)
 
+    def scale_now(self) -> float:
+        return float(self.sens)
+
     def construct(self, *inputs):
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
@@ -195,9 +201,5 @@ def build_train_step(cfg, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step:
 
 
 def loss_scale_now(step_cell: nn.Cell) -> Optional[float]:
-    """The scale the next step will use."""
-    if isinstance(step_cell, LossScaleTrainStep):
-        return float(step_cell.scale_sense.asnumpy())
-    if hasattr(step_cell, "scaler"):  # engine=functional
-        return 1.0 if step_cell.scaler is None else float(step_cell.scaler.scale_value.asnumpy())
-    return float(step_cell.sens)
+    """The scale the next step will use (each engine's train step knows where it keeps it)."""
+    return step_cell.scale_now()
