@@ -5,7 +5,12 @@
 Runs `python -m lsexp -m loss_scale=none,fixed_drop,fixed_nodrop,dynamic amp=O2 tracking=none`
 (the seed's LeNet5, 10 epochs) alternately on the two launchers, so machine noise hits both alike,
 and prints each one's wall time, the ratio of the medians, and whether every job's history.csv is
-the same under both. With n_jobs=2, lsexp gives each job device.threads_num = cores / 2.
+the same under both. With n_jobs=2, lsexp gives each job device.threads_num = cores / 2 and binds
+its threads to its own half of the cores (device.affinity_cpu_list) after its first step.
+
+On CPUs where oneDNN runs the convolutions through its reference loop (see the README's
+Performance section), add device.onednn_max_cpu_isa=AVX2: one job then fills both cores with
+arithmetic, and no launcher can run a second one beside it for free.
 """
 
 import statistics

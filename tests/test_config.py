@@ -113,6 +113,8 @@ def problems(*overrides):
     (["train.resume=/no/such.ckpt"], "train.resume=/no/such.ckpt"),
     (["device=gpu"], "device.device_target=GPU"),
     (["device=ascend"], "device.device_target=Ascend"),
+    (["device.onednn_max_cpu_isa=AVX9"], "device.onednn_max_cpu_isa=AVX9"),
+    (["device.affinity_cpu_list=[4096]"], "device.affinity_cpu_list=[4096]"),
     (["tracking.uri=mlflow.db"], "tracking.uri=mlflow.db"),
 ])
 def test_each_rule_names_key_and_value(overrides, key):

@@ -85,11 +85,18 @@ def _terminate_as_interrupt(signum, frame):
 def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
-    from lsexp.device import threads_for
+    from lsexp.device import cpu_share, threads_for
 
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
         cfg.device.threads_num = threads_for(cfg.device.threads_num, _parallel_jobs())
+    with cpu_share(cfg.device.affinity_cpu_list, _parallel_jobs()) as cpus:
+        with open_dict(cfg):
+            cfg.device.affinity_cpu_list = cpus
+        return _run(cfg)
+
+
+def _run(cfg: DictConfig) -> dict:
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
@@ -130,6 +137,9 @@ def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
             return _launch_ranks(cfg, out_dir, tracker)
         try:
             target = device.configure(cfg.device, cfg.train.mode)
+        except ConfigError as err:
+            print(err, file=sys.stderr)
+            raise SystemExit(2) from None
         except (RuntimeError, ValueError) as err:
             print(f"lsexp: config error: device.device_target={cfg.device.device_target}: "
                   f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu", file=sys.stderr)

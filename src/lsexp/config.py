@@ -116,6 +116,14 @@ class DeviceConfig:
     # mindspore.device_context.cpu.op_tuning.threads_num: MindSpore's CPU kernel threads. None: its
     # default, or the cores divided among the jobs when a sweep runs jobs in parallel (joblib n_jobs).
     threads_num: Optional[int] = None
+    # oneDNN's ONEDNN_MAX_CPU_ISA, the newest instruction set its CPU kernels may use. None: all the
+    # CPU has. On AVX-512 CPUs where oneDNN runs MindSpore's NCHW convolutions through a reference
+    # loop (jit_uni_ncsp:conv+ref), AVX2 takes its GEMM kernels instead, at the cost of other roundings.
+    onednn_max_cpu_isa: Optional[str] = None
+    # The cores the job's threads run on, as mindspore.runtime.set_cpu_affinity names them (which
+    # binds on Ascend hosts only, from cgroup v1's cpuset). None: unbound, or, when a sweep runs jobs
+    # side by side on one machine, a share of its cores that no other running job holds.
+    affinity_cpu_list: Optional[List[int]] = None
 
 
 @dataclass

@@ -6,13 +6,19 @@ the build's plugins and the machine's devices are checked first and reported as 
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.util
 import os
+import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 TARGETS = ("CPU", "GPU", "Ascend")
+# The values oneDNN 3.10 (MindSpore 2.10's) reads from ONEDNN_MAX_CPU_ISA; it ignores any other in silence.
+ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+               "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX10_1_512", "AVX512_CORE_AMX", "AVX10_1_512_AMX",
+               "AVX512_CORE_AMX_FP16", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2", "ALL")
 _ALIASES = {t.lower(): t for t in TARGETS + ("auto",)}
 
 
@@ -69,6 +75,18 @@ def device_problems(dev) -> List[str]:
         return [f"device.device_id={dev.device_id}: must be >= 0"]
     if dev.threads_num is not None and dev.threads_num < 1:
         return [f"device.threads_num={dev.threads_num}: must be >= 1, or null for MindSpore's default"]
+    cpus = dev.get("affinity_cpu_list")
+    if cpus is not None:
+        allowed = _allowed_cpus()
+        if allowed is None:
+            return [f"device.affinity_cpu_list={list(cpus)}: this system cannot bind threads to cores; use null"]
+        if not cpus or not set(cpus) <= set(allowed):
+            return [f"device.affinity_cpu_list={list(cpus)}: this process may run on cores {allowed}; "
+                    f"pick among them, or null"]
+    isa = dev.get("onednn_max_cpu_isa")
+    if isa is not None and str(isa).upper() not in ONEDNN_ISAS:
+        return [f"device.onednn_max_cpu_isa={isa}: not an instruction set oneDNN knows; use one of "
+                f"{', '.join(ONEDNN_ISAS)}, or null for all the CPU has"]
     target = resolve_target(name)
     why = _why_not(target)
     if why:
@@ -78,6 +96,7 @@ def device_problems(dev) -> List[str]:
 
 _device_set: Optional[tuple] = None  # MindSpore takes the device once, before the first kernel runs
 _threads_set: Optional[int] = None  # and its kernel threads once per process
+_isa_set: Optional[str] = None  # and oneDNN its ISA cap, at its first kernel
 
 
 def threads_for(configured: Optional[int], parallel_jobs: int) -> Optional[int]:
@@ -90,11 +109,69 @@ def threads_for(configured: Optional[int], parallel_jobs: int) -> Optional[int]:
     return max(1, cores // parallel_jobs)
 
 
+def _allowed_cpus() -> Optional[List[int]]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else None
+
+
+@contextlib.contextmanager
+def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[Optional[List[int]]]:
+    """The cores this job's threads are bound to: device.affinity_cpu_list as given, or, for jobs of a
+    sweep that run side by side on this machine, a share of its cores that no other job holds.
+
+    MindSpore's CPU step keeps its actor and kernel threads busy polling for each other; two jobs
+    whose threads share both cores make each other wait, while each on its own core does not. A
+    share is held by an flock, which the kernel lets go when its process dies, so a lost job never
+    keeps one. No share is free when more jobs run than the sweep said (two sweeps at once): the
+    job then runs unbound."""
+    allowed = _allowed_cpus()
+    if configured is not None or parallel_jobs <= 1 or allowed is None or len(allowed) < parallel_jobs:
+        try:
+            yield configured
+        finally:
+            if configured is not None:  # the next job of this process starts as this one did
+                bind_threads(allowed)
+        return
+    per_job = len(allowed) // parallel_jobs
+    folder = Path(tempfile.gettempdir()) / "lsexp-cpu-shares"
+    folder.mkdir(exist_ok=True)
+    for k in range(parallel_jobs):
+        cpus = allowed[k * per_job:(k + 1) * per_job]
+        lock = open(folder / ("cpus-" + "-".join(map(str, cpus))), "w")
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        try:
+            yield cpus
+        finally:
+            bind_threads(allowed)
+            lock.close()
+        return
+    yield None
+
+
+def bind_threads(cpus: List[int]) -> None:
+    """Bind every thread of this process to cpus. Called once MindSpore
+    has started its thread pools and run a step: they size their work from the cores the process may
+    use when they start, so binding before that changes the numbers a run computes (seen as a
+    different history from step 66 of the default run), and binding after it does not."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+
+
 def configure(dev, mode: str) -> str:
     """Point MindSpore at the target and execution mode; returns the target in use. Callable again
     (a traced batch runs in PyNative before a graph-mode run) with the same device."""
     global _device_set, _threads_set
     import mindspore as ms
+
+    _cap_onednn_isa(dev.get("onednn_max_cpu_isa"))
 
     target = resolve_target(str(dev.device_target))
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
@@ -108,3 +185,19 @@ def configure(dev, mode: str) -> str:
         ms.device_context.cpu.op_tuning.threads_num(int(threads))
         _threads_set = int(threads)
     return target
+
+
+def _cap_onednn_isa(isa: Optional[str]) -> None:
+    global _isa_set
+    asked = str(isa).upper() if isa is not None else "null"
+    if _isa_set is None:
+        if isa is not None:  # oneDNN reads it when it first dispatches a kernel, which is after this
+            os.environ["ONEDNN_MAX_CPU_ISA"] = asked
+        _isa_set = asked
+    elif asked != _isa_set:
+        # A sweep's jobs share their process (basic, joblib), where oneDNN keeps its first cap.
+        from lsexp.config import ConfigError
+
+        raise ConfigError([f"device.onednn_max_cpu_isa={asked}: this process already runs oneDNN with "
+                           f"onednn_max_cpu_isa={_isa_set}, which it reads once; run each value as its own "
+                           f"`python -m lsexp`, not as jobs of one sweep"])

@@ -13,6 +13,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from lsexp import device
 from lsexp.config import ConfigError, run_name, scale_floor, step_problems, strategy, total_steps, steps_per_epoch
 
 EVAL_BATCH = 256  # samples per eval forward: few compiled shapes, and activations that stay small
@@ -104,7 +105,6 @@ def trace_shapes(cfg) -> None:
     network that cannot take the data fails with one line before anything is written."""
     from hydra.utils import instantiate
 
-    from lsexp import device
     from lsexp.loss import SoftmaxCrossEntropy
 
     device.configure(cfg.device, "pynative")  # the run sets its own mode when it starts
@@ -181,6 +181,8 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
                 if probe is not None and step in probe_steps:
                     probe.capture(step, x, y, loss_scale_now(step_cell))
                 values = step_cell(x, y).asnumpy().tolist()
+                if step == done + 1 and cfg.device.get("affinity_cpu_list"):
+                    device.bind_threads(list(cfg.device.affinity_cpu_list))
                 loss, overflow, scale, skip, params_finite = values[:5]
                 skipped += int(skip)
                 row = {"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale,
