@@ -118,11 +118,11 @@ def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[O
     """The cores this job's threads are bound to: device.affinity_cpu_list as given, or, for jobs of a
     sweep that run side by side on this machine, a share of its cores that no other job holds.
 
-    MindSpore's CPU step keeps its actor and kernel threads busy polling for each other; two jobs
-    whose threads share both cores make each other wait, while each on its own core does not. A
-    share is held by an flock, which the kernel lets go when its process dies, so a lost job never
-    keeps one. No share is free when more jobs run than the sweep said (two sweeps at once): the
-    job then runs unbound."""
+    A job's MindSpore actor and kernel threads hand work to each other at every kernel; unbound,
+    two jobs' threads share both cores and wait on each other's time slices (a 4-job LeNet5 sweep on
+    2 cores: 1.21x over the basic launcher unbound, 1.52x bound; README, Performance). A share is held
+    by an flock, which the kernel lets go when its process dies, so a lost job never keeps one. When
+    none is free (two sweeps at once), the job runs unbound."""
     allowed = _allowed_cpus()
     if configured is not None or parallel_jobs <= 1 or allowed is None or len(allowed) < parallel_jobs:
         try:
@@ -131,6 +131,8 @@ def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[O
             if configured is not None:  # the next job of this process starts as this one did
                 bind_threads(allowed)
         return
+    import fcntl
+
     per_job = len(allowed) // parallel_jobs
     folder = Path(tempfile.gettempdir()) / "lsexp-cpu-shares"
     folder.mkdir(exist_ok=True)
@@ -138,8 +140,6 @@ def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[O
         cpus = allowed[k * per_job:(k + 1) * per_job]
         lock = open(folder / ("cpus-" + "-".join(map(str, cpus))), "w")
         try:
-            import fcntl
-
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             lock.close()
@@ -154,10 +154,9 @@ def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[O
 
 
 def bind_threads(cpus: List[int]) -> None:
-    """Bind every thread of this process to cpus. Called once MindSpore
-    has started its thread pools and run a step: they size their work from the cores the process may
-    use when they start, so binding before that changes the numbers a run computes (seen as a
-    different history from step 66 of the default run), and binding after it does not."""
+    """Bind every thread of this process to cpus. Called once MindSpore has started its thread pools
+    and run a step: binding before that changes the numbers a run computes (`taskset -c 0` changes the
+    default run's history from step 66 on), binding after it does not."""
     for tid in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(tid), cpus)
