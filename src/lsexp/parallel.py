@@ -59,7 +59,13 @@ def launch(cfg: DictConfig, out_dir: Path) -> dict:
     # Its own session: a Ctrl-C reaches this job, which stops the ranks in order (rank 0 writes its history).
     proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        code = proc.wait()
+        code = None
+        while code is None:
+            # A short wait, not one until the end: the kernel may hand a Ctrl-C to any of this
+            # process's threads (MindSpore's among them), and a main thread blocked in waitpid
+            # would then not raise KeyboardInterrupt until msrun ended (seen once in CI).
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=0.5)
     except BaseException:
         _stop(proc, out_dir)
         raise
