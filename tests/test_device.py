@@ -57,6 +57,7 @@ def test_a_joblib_sweep_binds_each_parallel_job_to_its_own_cores_with_the_basic_
         assert out.returncode == 0, out.stderr[-3000:]
         histories[name] = {job.name: (job / "history.csv").read_text() for job in job_dirs(tmp_path / name)}
         _, _, found = runs(store(tmp_path / name))
+        assert {r.info.status for r in found} == {"FINISHED"} and len(found) == 3  # the parent and its 2 jobs
         cpus = sorted(r.data.params["device.affinity_cpu_list"] for r in found if "device.affinity_cpu_list" in r.data.params)
         half = len(CORES) // 2
         assert cpus == (["None", "None"] if name == "basic" else sorted([str(CORES[:half]), str(CORES[half:2 * half])]))

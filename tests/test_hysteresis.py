@@ -87,7 +87,8 @@ def test_hysteresis_2_skips_both_overflows_and_backs_off_only_after_the_second(t
     assert scale[4] == scale[3] / 2  # backed off after the second
 
 
-@pytest.mark.parametrize("engine", ["cell", "functional"])
+# the cell engine's resume is in the default suite (test_resumed_run_continues_the_scale_history_exactly)
+@pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow), "functional"])
 def test_resumed_hysteresis_run_has_the_straight_runs_history(train_run, engine):
     # An overflow before the checkpoint uses up one unit of hysteresis, so the one after it backs off
     # only if the resumed run kept the counters; growth every 7 steps needs the iteration counters too.

@@ -34,6 +34,7 @@ def _table(tmp_path, client, parent, study):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow  # a study sweep and its table are in the default suite (dynamic_window)
 def test_underflow_study_fractions_equal_the_in_step_telemetry(tmp_path):
     client, parent, children = _sweep(tmp_path, "experiment=underflow", "workload=lenet5_digits,mlp_digits",
                                       "train.max_steps=3", "telemetry.histogram_steps=[1,3]")
@@ -62,6 +63,7 @@ def test_none_vs_scaled_measures_the_gradient_no_scaling_loses(tmp_path):
     assert float(none["lost_at_step1"]) > 0.5
 
 
+@pytest.mark.slow  # a study sweep and its table are in the default suite (dynamic_window)
 def test_scale_sweep_shows_both_ends_of_the_window(tmp_path):
     client, parent, children = _sweep(tmp_path, "experiment=scale_sweep", "workload=deep_mlp_digits", "amp=O3",
                                       "loss_scale.loss_scale=1,4096,16777216", "train.max_steps=3")

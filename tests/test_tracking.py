@@ -185,6 +185,7 @@ def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
     assert [_power_of_two(v) for v in (2.0 ** 24, 128.0, 1.0, 0.25, 3.0)] == ["2²⁴", "2⁷", "2⁰", "2⁻²", "3"]
 
 
+@pytest.mark.slow  # 8 jobs, 4 at once; a 2-job joblib sweep to SQLite is in the default suite (test_device)
 def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
     uri = store(tmp_path)
     out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
@@ -231,7 +232,8 @@ def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     assert "RUNNING" not in {r.info.status for r in found}
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", "SIGTERM to the process group", "SIGTERM twice"])
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", *(pytest.param(h, marks=pytest.mark.slow)  # same path, more signals
+                                                for h in ("SIGTERM to the process group", "SIGTERM twice"))])
 def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, how):
     # the command's process passes a signal on to the job; a group's kill reaches the job twice
     uri = store(tmp_path, create=True)
