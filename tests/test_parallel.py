@@ -62,13 +62,20 @@ def _rank_processes(tmp_path) -> list:
     return _rank_pids(tmp_path / "run")
 
 
+def _as_from_a_terminal():
+    # A command started in the background by a non-interactive shell (as CI may start pytest)
+    # inherits SIGINT ignored, and Python then installs no Ctrl-C handler; a terminal's command has
+    # the default, which is what the Ctrl-C test is about.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_training(tmp_path, **popen):
     """A long 2-rank run tracked to a fresh store, returned once rank 0 has written its first epoch."""
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     MlflowClient(uri).search_experiments()
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
                              f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True, **popen)
+                            text=True, start_new_session=True, preexec_fn=_as_from_a_terminal, **popen)
     deadline = time.time() + 180
     while time.time() < deadline and not (tmp_path / "run/history.csv").exists():
         time.sleep(0.5)
