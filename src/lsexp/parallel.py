@@ -63,7 +63,7 @@ def launch(cfg: DictConfig, out_dir: Path) -> dict:
         while code is None:
             # A short wait, not one until the end: the kernel may hand a Ctrl-C to any of this
             # process's threads (MindSpore's among them), and a main thread blocked in waitpid
-            # would then not raise KeyboardInterrupt until msrun ended (seen once in CI).
+            # would then not raise KeyboardInterrupt until msrun ended.
             with contextlib.suppress(subprocess.TimeoutExpired):
                 code = proc.wait(timeout=0.5)
     except BaseException:
