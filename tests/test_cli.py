@@ -73,4 +73,3 @@ def test_all_strategy_amp_combinations_on_the_command_line(tmp_path, mode):
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/*/summary.json")]
     assert len(summaries) == (12 if mode == "graph" else 3)
     assert all(s["status"] == "finished" and s["steps"] >= 1 for s in summaries)
-

@@ -87,10 +87,11 @@ def run(cfg: DictConfig) -> dict:
     _exit_on_config_error(cfg)
     from lsexp.device import cpu_share, threads_for
 
+    jobs = _parallel_jobs()
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
-        cfg.device.threads_num = threads_for(cfg.device.threads_num, _parallel_jobs())
-    with cpu_share(cfg.device.affinity_cpu_list, _parallel_jobs()) as cpus:
+        cfg.device.threads_num = threads_for(cfg.device.threads_num, jobs)
+    with cpu_share(cfg.device.affinity_cpu_list, jobs) as cpus:
         with open_dict(cfg):
             cfg.device.affinity_cpu_list = cpus
         return _run(cfg)

@@ -105,7 +105,7 @@ def threads_for(configured: Optional[int], parallel_jobs: int) -> Optional[int]:
     by side finish sooner than one after the other with every core each."""
     if configured is not None or parallel_jobs <= 1:
         return configured
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = len(_allowed_cpus() or []) or os.cpu_count() or 1
     return max(1, cores // parallel_jobs)
 
 
