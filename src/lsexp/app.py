@@ -72,6 +72,19 @@ class ValidateOnRunStart(Callback):
             raise SystemExit(2)
         _exit_on_unreachable_tracking(config)
         _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
+        _calibrate_before_the_jobs(config)
+
+
+def _calibrate_before_the_jobs(config: DictConfig) -> None:
+    """device.onednn_max_cpu_isa=auto is measured here, once, while no job runs beside it; the jobs
+    then read the cached decision. A config the jobs will refuse is not worth waiting for."""
+    try:
+        validate(config)
+    except ConfigError:
+        return
+    from lsexp.device import onednn_isa
+
+    onednn_isa(config.device)
 
 
 def _terminate_as_interrupt(signum, frame):
@@ -85,12 +98,15 @@ def _terminate_as_interrupt(signum, frame):
 def run(cfg: DictConfig) -> dict:
     """One experiment: the validated config in, its summary out."""
     _exit_on_config_error(cfg)
-    from lsexp.device import cpu_share, threads_for
+    from lsexp.device import cpu_share, onednn_isa, threads_for
 
     jobs = _parallel_jobs()
     with open_dict(cfg):  # record what the optimizer really divides by, not "null"
         cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
         cfg.device.threads_num = threads_for(cfg.device.threads_num, jobs)
+        # the cap `auto` stands for on this machine, so that runs say what they ran with (and
+        # data-parallel ranks take it as given)
+        cfg.device.onednn_max_cpu_isa = onednn_isa(cfg.device)
     with cpu_share(cfg.device.affinity_cpu_list, jobs) as cpus:
         with open_dict(cfg):
             cfg.device.affinity_cpu_list = cpus

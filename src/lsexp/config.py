@@ -119,7 +119,8 @@ class DeviceConfig:
     # oneDNN's ONEDNN_MAX_CPU_ISA, the newest instruction set its CPU kernels may use. None: all the
     # CPU has. On AVX-512 CPUs where oneDNN runs MindSpore's NCHW convolutions through a reference
     # loop (jit_uni_ncsp:conv+ref), AVX2 takes its GEMM kernels instead, at the cost of other roundings.
-    onednn_max_cpu_isa: Optional[str] = None
+    # auto: whichever of the two a once-per-machine measurement found clearly faster (lsexp.onednn).
+    onednn_max_cpu_isa: Optional[str] = "auto"
     # The cores the job's threads run on, as mindspore.runtime.set_cpu_affinity names them (which
     # binds on Ascend hosts only, from cgroup v1's cpuset). None: unbound, or, when a sweep runs jobs
     # side by side on one machine, a share of its cores that no other running job holds.

@@ -84,9 +84,9 @@ def device_problems(dev) -> List[str]:
             return [f"device.affinity_cpu_list={list(cpus)}: this process may run on cores {allowed}; "
                     f"pick among them, or null"]
     isa = dev.get("onednn_max_cpu_isa")
-    if isa is not None and str(isa).upper() not in ONEDNN_ISAS:
-        return [f"device.onednn_max_cpu_isa={isa}: not an instruction set oneDNN knows; use one of "
-                f"{', '.join(ONEDNN_ISAS)}, or null for all the CPU has"]
+    if isa is not None and str(isa).upper() not in ONEDNN_ISAS + ("AUTO",):
+        return [f"device.onednn_max_cpu_isa={isa}: not an instruction set oneDNN knows; use auto (measured once "
+                f"on this machine), null for all the CPU has, or one of {', '.join(ONEDNN_ISAS)}"]
     target = resolve_target(name)
     why = _why_not(target)
     if why:
@@ -164,15 +164,33 @@ def bind_threads(cpus: List[int]) -> None:
             pass
 
 
+def onednn_isa(dev) -> Optional[str]:
+    """The cap device.onednn_max_cpu_isa stands for: `auto` is this machine's calibrated decision on
+    CPU (lsexp.onednn) and no cap on an accelerator, whose host kernels are not the step's cost."""
+    isa = dev.get("onednn_max_cpu_isa")
+    if isa is None or str(isa).lower() != "auto":
+        return None if isa is None else str(isa).upper()
+    if resolve_target(str(dev.device_target)) != "CPU":
+        return None
+    from lsexp.onednn import auto_isa
+
+    return auto_isa()
+
+
+def onednn_isa_in_force() -> Optional[str]:
+    """The cap this process runs oneDNN with, as configure set it (None: all the CPU has)."""
+    return None if _isa_set in (None, "null") else _isa_set
+
+
 def configure(dev, mode: str) -> str:
     """Point MindSpore at the target and execution mode; returns the target in use. Callable again
     (a traced batch runs in PyNative before a graph-mode run) with the same device."""
     global _device_set, _threads_set
     import mindspore as ms
 
-    _cap_onednn_isa(dev.get("onednn_max_cpu_isa"))
-
     target = resolve_target(str(dev.device_target))
+    _cap_onednn_isa(onednn_isa(dev))
+
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     if _device_set != (target, dev.device_id):
         ms.set_device(target, dev.device_id)
@@ -188,7 +206,7 @@ def configure(dev, mode: str) -> str:
 
 def _cap_onednn_isa(isa: Optional[str]) -> None:
     global _isa_set
-    asked = str(isa).upper() if isa is not None else "null"
+    asked = isa if isa is not None else "null"
     if _isa_set is None:
         if isa is not None:  # oneDNN reads it when it first dispatches a kernel, which is after this
             os.environ["ONEDNN_MAX_CPU_ISA"] = asked

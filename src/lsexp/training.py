@@ -163,7 +163,8 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
     every = cfg.train.save_checkpoint_steps
 
     summary: dict = {"run_name": run_name(cfg), "strategy": strategy(cfg), "amp_level": cfg.amp.level,
-                     "device_target": target, "resumed_from_step": done, "status": "running"}
+                     "device_target": target, "onednn_max_cpu_isa": device.onednn_isa_in_force(),
+                     "resumed_from_step": done, "status": "running"}
     diverged_at: Optional[int] = None
     collapse = _CollapseWatch(scale_floor(cfg), cfg.train.collapse_patience)
     progress = _Progress(cfg, done, last, enabled=primary)
