@@ -1,6 +1,7 @@
 """The seed's default run through lsexp against a hand-written MindSpore loop doing the same work.
 
-    python benchmarks/handwritten_loop.py [pairs]     (10 by default)
+    python benchmarks/handwritten_loop.py [pairs]                (10 by default)
+    python benchmarks/handwritten_loop.py --processes [pairs]
 
 The hand-written loop is what a user would type from MindSpore's docs: the seed's LeNet5, N(0,1)
 images with random one-hot labels, SoftmaxCrossEntropyWithLogits, Momentum, a fixed loss scale of
@@ -9,6 +10,11 @@ for amp.all_finite, as it must be on CPU), 10 epochs of 32 batches, reading the 
 Both run in this one process, alternating, so machine noise hits both alike, and both are timed
 per step over epochs 2 to 10 (lsexp's summary.json epoch_seconds), so the first step's compilation
 counts for neither. Prints the medians and the per-pair ratios.
+
+In one process both run with the same oneDNN cap (the one lsexp's default sets first, which oneDNN
+keeps for the process): the ratio is lsexp's own overhead. With --processes each run is its own
+process, alternating, and the hand-written loop runs as a user types it, with no ONEDNN_MAX_CPU_ISA
+set: the ratio is what a user gains or loses by running lsexp instead.
 """
 
 from __future__ import annotations
@@ -90,6 +96,20 @@ def lsexp_loop(tmp: Path, i: int, *overrides: str) -> float:
     return 1000 * sum(summary["epoch_seconds"][1:]) / (9 * 32)
 
 
+def one_process(variant: str) -> float:
+    """One run of the variant in a fresh process; milliseconds per step."""
+    import json
+    import os
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
+    out = subprocess.run([sys.executable, __file__, "--one", variant], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).parent)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
+
+
 def main(pairs: int) -> None:
     ms_per_step = {"lsexp": [], "handwritten": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,4 +120,20 @@ def main(pairs: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+    args = sys.argv[1:]
+    if args[:1] == ["--one"]:
+        import json
+
+        with tempfile.TemporaryDirectory() as tmp:
+            ms = lsexp_loop(Path(tmp), 0) if args[1] == "lsexp" else handwritten()
+        print(json.dumps({"ms_per_step": ms}))
+    elif args[:1] == ["--processes"]:
+        n = int(args[1]) if len(args) > 1 else 10
+        ms_per_step = {"lsexp": [], "handwritten": []}
+        for _ in range(n):
+            for variant in ms_per_step:
+                ms_per_step[variant].append(one_process(variant))
+        report(ms_per_step, "lsexp / hand-written", "each in its own process; the hand-written loop with no "
+               "ONEDNN_MAX_CPU_ISA, lsexp with its default")
+    else:
+        main(int(args[0]) if args else 10)

@@ -71,5 +71,5 @@ def pytest_configure(config):
     # device.onednn_max_cpu_isa=auto: every test, and every process a test starts, shares one
     # calibrated decision, made once per checkout in pytest's own cache folder (.pytest_cache/),
     # instead of the user's. Tests of the calibration itself point LSEXP_CACHE_DIR elsewhere.
-    if config.cache is not None:
+    if getattr(config, "cache", None) is not None:
         os.environ.setdefault("LSEXP_CACHE_DIR", str(config.cache.mkdir("lsexp")))
