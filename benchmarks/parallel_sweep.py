@@ -8,8 +8,9 @@ and prints each one's wall time, the ratio of the medians, and whether every job
 the same under both. With n_jobs=2, lsexp gives each job device.threads_num = cores / 2 and binds
 its threads to its own half of the cores (device.affinity_cpu_list) after its first step.
 
-On CPUs where oneDNN runs the convolutions through its reference loop (see the README's
-Performance section), add device.onednn_max_cpu_isa=AVX2: one job then fills both cores with
+The jobs run with today's default device.onednn_max_cpu_isa=auto. Where oneDNN runs the
+convolutions through its reference loop (see the README's Performance section), add
+device.onednn_max_cpu_isa=null to see what that costs: one job then fills both cores with
 arithmetic, and no launcher can run a second one beside it for free.
 """
 

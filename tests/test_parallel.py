@@ -15,6 +15,7 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, run_cli
+from lsexp import onednn
 from lsexp.config import ConfigError, steps_per_epoch, validate
 from lsexp.data import _epoch_slice
 from lsexp.parallel import _rank_pids
@@ -98,6 +99,9 @@ def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
+    # the ranks take the cap the job resolved (auto: this machine's cached decision, shared by the suite)
+    decided = onednn.cached_or_calibrated()["onednn_max_cpu_isa"]
+    assert summary["onednn_max_cpu_isa"] == decided and run.data.params["device.onednn_max_cpu_isa"] == str(decided)
     assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "overflow"),
                                     key=lambda m: m.step)] == [0, 0, 1, 0, 0, 0, 0, 0]
 
