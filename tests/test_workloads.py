@@ -44,7 +44,7 @@ def _short_run(train_run, *overrides):
     return summary, rows
 
 
-@pytest.mark.parametrize("amp", [pytest.param("O2", marks=pytest.mark.slow), "O3"])  # BatchNorm in float32 (O2, -m slow) or float16 (O3)
+@pytest.mark.parametrize("amp", ["O2", "O3"])  # BatchNorm in float32 (O2) or float16 (O3)
 def test_resnet_trains_with_batchnorm_in_both_precisions(train_run, amp):
     summary, rows = _short_run(train_run, "model=resnet", "model.depth=8", "dataset=digits", f"amp={amp}",
                                "loss_scale=dynamic")
@@ -95,7 +95,7 @@ def test_character_lm_beats_the_unigram_entropy(train_run, text_file):
 @pytest.mark.slow
 def test_resnet_reaches_90_percent_on_digits_with_the_default_epochs(tmp_path):
     out = run_cli("model=resnet", "dataset=digits", "amp=O2", "loss_scale=dynamic", "tracking=none",
-                  "train.progress=false", cwd=tmp_path, timeout=600)
+                  "train.progress=false", cwd=tmp_path, timeout=900)  # 440 ResNet-20 steps at O2: cores shared with other work can double their time
     assert out.returncode == 0, out.stderr
     (summary,) = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/*/*/summary.json")]
     assert summary["eval_accuracy"] >= 0.9 and summary["steps"] == 10 * (1438 // 32), summary
