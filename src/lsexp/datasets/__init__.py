@@ -33,3 +33,14 @@ class FileDatasetConfig(DatasetConfig):
     path: Optional[str] = None
     # mindspore.dataset map workers; 1 leaves the other core to MindSpore's executor (see README, Performance).
     num_parallel_workers: int = 1
+
+
+@dataclass
+class ImageFileDatasetConfig(FileDatasetConfig, ImageDatasetConfig):
+    """Images read by one of MindSpore's loaders (MnistDataset, Cifar10Dataset, ImageFolderDataset)."""
+
+    # memory: the loader's uint8 records are read once and each batch is made from them, because the
+    # pipeline's per-row cost is a large part of a small network's step; stream: the pipeline reads
+    # every epoch, for sets that do not fit; auto: memory when the records take <= cache_max_mb.
+    cache: str = "auto"
+    cache_max_mb: int = 1024

@@ -6,22 +6,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from lsexp.datasets import FileDatasetConfig, ImageDatasetConfig
-from lsexp.datasets.files import folder, problem
+from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.datasets.files import cache_problems, folder, problem
 
 TRAIN = [f"data_batch_{i}.bin" for i in range(1, 6)]
 TEST = ["test_batch.bin"]
-RECORDS, RECORD_BYTES = 10000, 1 + 3 * 32 * 32  # MindSpore 2.10 reads whole 10 000-record files only
+SIDE = 32
+RECORDS, RECORD_BYTES = 10000, 1 + 3 * SIDE * SIDE  # MindSpore 2.10 reads whole 10 000-record files only
 FOLDER = "cifar-10-batches-bin"
 EXPECTED = f"the folder {FOLDER}/ (or its parent) with {', '.join(TRAIN + TEST)}"
 SOURCE = "unpack cifar-10-binary.tar.gz, the binary version from https://www.cs.toronto.edu/~kriz/cifar.html"
 
 
 @dataclass
-class Cifar10Config(FileDatasetConfig, ImageDatasetConfig):
+class Cifar10Config(ImageFileDatasetConfig):
     _target_: str = "lsexp.datasets.cifar10.cifar10"
     num_channel: int = 3
-    image_size: int = 32
+    image_size: int = SIDE
 
 
 SCHEMA = Cifar10Config
@@ -36,8 +37,18 @@ def num_train(d) -> int:
     return len(TRAIN) * RECORDS
 
 
+def record_bytes(image_size: int) -> int:
+    """What the training and test records take in memory (uint8 images at image_size, a 4-byte label each)."""
+    return len(TRAIN + TEST) * RECORDS * (3 * image_size * image_size + 4)
+
+
 def problems(cfg) -> List[str]:
     d = cfg.dataset
+    p = _file_problems(d)
+    return p + cache_problems(d, None if p else record_bytes(d.image_size))
+
+
+def _file_problems(d) -> List[str]:
     _, p = folder(d.path, EXPECTED, SOURCE)
     if p:
         return p

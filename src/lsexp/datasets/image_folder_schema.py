@@ -9,8 +9,8 @@ from typing import List, Tuple
 
 from omegaconf import OmegaConf
 
-from lsexp.datasets import FileDatasetConfig, ImageDatasetConfig
-from lsexp.datasets.files import folder, problem
+from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.datasets.files import cache_problems, folder, problem
 
 EXTENSIONS = [".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG"]
 EXPECTED = "one subfolder per class (its name is the class), each holding PNG or JPEG images"
@@ -32,7 +32,7 @@ OmegaConf.register_new_resolver("lsexp.image_folder_classes", lambda path: len(s
 
 
 @dataclass
-class ImageFolderConfig(FileDatasetConfig, ImageDatasetConfig):
+class ImageFolderConfig(ImageFileDatasetConfig):
     _target_: str = "lsexp.datasets.image_folder.image_folder"
     num_classes: int = "${lsexp.image_folder_classes:${dataset.path}}"  # type: ignore[assignment]
     num_channel: int = 3  # RGB; 1 converts to grayscale
@@ -48,8 +48,18 @@ def num_train(d) -> int:
     return total - int(round(total * d.val_fraction))
 
 
+def record_bytes(path: str, image_size: int, num_channel: int) -> int:
+    """What the images take in memory once decoded and resized (uint8), with a 4-byte label each."""
+    return sum(n for _, n in scan(path)) * (num_channel * image_size * image_size + 4)
+
+
 def problems(cfg) -> List[str]:
     d = cfg.dataset
+    p = _file_problems(d)
+    return p + cache_problems(d, None if p else record_bytes(str(d.path), d.image_size, d.num_channel))
+
+
+def _file_problems(d) -> List[str]:
     root, p = folder(d.path, EXPECTED, SOURCE)
     if p:
         return p

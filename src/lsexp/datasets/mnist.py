@@ -2,27 +2,26 @@
 
 import numpy as np
 
-from lsexp.data import Pipeline
-from lsexp.datasets.mnist_schema import SIDE, _counts
+from lsexp.data import file_data
+from lsexp.datasets.mnist_schema import SIDE, _counts, record_bytes
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, as MindSpore's LeNet tutorial normalises
 
 
-def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, **_) -> Pipeline:
+def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, cache="auto", cache_max_mb=1024, **_):
     counts = _counts(str(path))
 
-    def source(usage):
-        def build(sampler):
-            import mindspore as ms
-            import mindspore.dataset as ds
-            from mindspore.dataset import transforms, vision
+    def loader(usage, sampler):
+        import mindspore.dataset as ds
 
-            images = [vision.Resize((image_size, image_size))] if image_size != SIDE else []
-            images += [vision.Rescale(1.0 / (255 * STD), -MEAN / STD), vision.HWC2CHW()]
-            dataset = ds.MnistDataset(str(path), usage=usage, sampler=sampler)
-            dataset = dataset.map(images, input_columns="image", num_parallel_workers=num_parallel_workers)
-            return dataset.map([transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)],
-                               input_columns="label")
-        return build
+        return ds.MnistDataset(str(path), usage=usage, sampler=sampler, shuffle=None if sampler is not None else False)
 
-    return Pipeline(source("train"), np.arange(counts["train"]), source("test"), np.arange(counts["test"]))
+    def images():
+        from mindspore.dataset import vision
+
+        once = [vision.Resize((image_size, image_size))] if image_size != SIDE else []
+        return once, [vision.Rescale(1.0 / (255 * STD), -MEAN / STD)]
+
+    return file_data(loader, images, num_classes, ("train", np.arange(counts["train"])),
+                     ("test", np.arange(counts["test"])), cache=cache, cache_max_mb=cache_max_mb,
+                     record_bytes=record_bytes(str(path), image_size), num_parallel_workers=num_parallel_workers)

@@ -8,8 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List
 
-from lsexp.datasets import FileDatasetConfig, ImageDatasetConfig
-from lsexp.datasets.files import folder, problem
+from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.datasets.files import cache_problems, folder, problem
 
 FILES = {  # split -> (images, labels), as MnistDataset names them
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
@@ -21,7 +21,7 @@ SIDE = 28
 
 
 @dataclass
-class MnistConfig(FileDatasetConfig, ImageDatasetConfig):
+class MnistConfig(ImageFileDatasetConfig):
     _target_: str = "lsexp.datasets.mnist.mnist"
     image_size: int = 32  # resized from 28, as MindSpore's LeNet tutorial does; 28 keeps them as they are
 
@@ -60,8 +60,18 @@ def num_train(d) -> int:
     return _counts(str(d.path))["train"]
 
 
+def record_bytes(path: str, image_size: int) -> int:
+    """What both splits take in memory as records (uint8 images at image_size, a 4-byte label each)."""
+    return sum(_counts(path).values()) * (image_size * image_size + 4)
+
+
 def problems(cfg) -> List[str]:
     d = cfg.dataset
+    p = _file_problems(d)
+    return p + cache_problems(d, None if p else record_bytes(str(d.path), d.image_size))
+
+
+def _file_problems(d) -> List[str]:
     root, p = folder(d.path, EXPECTED, SOURCE)
     if p:
         return p
