@@ -222,6 +222,8 @@ def train(cfg, out_dir: Path, history: History, target: str, rank: int = 0,
         summary["epoch_seconds"] = epoch_seconds
         if data.reference_loss is not None:
             summary["reference_loss"] = data.reference_loss
+        if data.cache is not None:  # dataset.cache's choice: memory or stream
+            summary["dataset_cache"] = data.cache
         summary["wall_seconds"] = round(time.perf_counter() - started, 3)
         summary["steps_per_second"] = round((step - done) / loop_seconds, 3) if loop_seconds > 0 else None
         if primary:
