@@ -64,6 +64,7 @@ def test_memory_and_stream_train_and_evaluate_the_same(train_run, data_args):
     assert rows_memory == rows_stream
     assert memory["epoch_eval"] == stream["epoch_eval"] and memory["eval_accuracy"] == stream["eval_accuracy"]
     assert memory["eval_loss"] == stream["eval_loss"]
+    assert (memory["dataset_cache"], stream["dataset_cache"]) == ("memory", "stream")  # what each run did
 
 
 def _batches(data, d, epoch, start):
