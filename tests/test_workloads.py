@@ -137,7 +137,8 @@ def test_a_folder_of_pngs_trains_through_image_folder_dataset(train_run, tmp_pat
 
 @pytest.mark.slow  # ~19 s of MNIST files; resume from in-memory data is in the default suite
 def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_run, mnist_dir):
-    common = ["dataset=mnist", f"dataset.path={mnist_dir}", "amp=O2", "loss_scale=dynamic",
+    # the streamed pipeline: dataset.cache=auto would serve these small files from memory
+    common = ["dataset=mnist", f"dataset.path={mnist_dir}", "dataset.cache=stream", "amp=O2", "loss_scale=dynamic",
               "loss_scale.scale_window=5"]
     _, straight, _ = train_run(*common, "train.max_steps=80")
     _, first, part = train_run(*common, "train.max_steps=50", "train.checkpoint=true")
