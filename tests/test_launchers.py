@@ -182,7 +182,12 @@ def _pids_with(text: str) -> list:
 
 def _kill_the_long_job(name: str, cwd: Path, cluster) -> None:
     if name == "submitit_slurm":  # the way a user or an admin stops a Slurm job
+        # the short job's run is FINISHED in MLflow while its process may still be exiting
+        deadline = time.time() + 60
         jobs = [job for job, state in cluster.queue() if state == "RUNNING"]
+        while len(jobs) != 1 and time.time() < deadline:
+            time.sleep(0.5)
+            jobs = [job for job, state in cluster.queue() if state == "RUNNING"]
         assert len(jobs) == 1, jobs
         cluster.run("scancel", jobs[0])
         return
