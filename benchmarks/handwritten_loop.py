@@ -82,17 +82,17 @@ def lsexp_loop(tmp: Path, i: int, *overrides: str) -> float:
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lsexp import device, paths, training
-    from lsexp.config import register_configs, validate
+    from lsexp.app import train_here
+    from lsexp.config import paths
+    from lsexp.config.registry import register_configs
 
     register_configs()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=["tracking=none", "train.progress=false", *overrides])
-    validate(cfg)
     out = tmp / f"run{i}-{len(overrides)}"
     out.mkdir()
-    summary = training.train(cfg, out, training.History(), device.configure(cfg.device, cfg.train.mode))
+    summary = train_here(cfg, out)
     return 1000 * sum(summary["epoch_seconds"][1:]) / (9 * 32)
 
 

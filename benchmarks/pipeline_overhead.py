@@ -44,9 +44,9 @@ MEAN, STD = 0.1307, 0.3081
 
 
 def mnist_arrays(path, num_classes=10, **_):
-    """The MNIST images as lsexp.data.Arrays, normalised as lsexp.datasets.mnist does at 28x28; the
+    """The MNIST images as lsexp.datasets.kinds.Arrays, normalised as lsexp.datasets.mnist does at 28x28; the
     test images too, so that both sides evaluate between epochs alike."""
-    from lsexp.data import Arrays, one_hot
+    from lsexp.datasets.kinds import Arrays, one_hot
 
     def split(prefix):
         images = np.fromfile(Path(path) / f"{prefix}-images-idx3-ubyte", dtype=np.uint8)[16:]

@@ -99,7 +99,7 @@ def main(repeats: int) -> None:
                     stop_server(proc)
             db = cluster.uri(USER, PASSWORD, "b0")
             check = [float(subprocess.run(
-                [sys.executable, "-c", "import time; t = time.perf_counter(); from lsexp.store import check_reachable; "
+                [sys.executable, "-c", "import time; t = time.perf_counter(); from lsexp.tracking.store import check_reachable; "
                  f"check_reachable({db!r}); print(time.perf_counter() - t)"],
                 capture_output=True, text=True, check=True).stdout) for _ in range(repeats)]
             wrong = cluster.uri(USER, "wrong", "b0")

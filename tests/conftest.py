@@ -9,8 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from lsexp import paths
-from lsexp.config import register_configs
+from lsexp.config import paths
+from lsexp.config.registry import register_configs
 
 register_configs()
 
@@ -48,21 +48,17 @@ def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
 @pytest.fixture
 def train_run(tmp_path):
     """Run a composed config in this process through the real training path; returns (summary, history rows, dir)."""
-    from lsexp import device, training
+    from lsexp.app import train_here
+    from lsexp.training.history import read_history
 
     counter = iter(range(1000))
 
     def _run(*overrides: str):
         cfg = compose_cfg("tracking=none", "train.progress=false", *overrides)
-        from lsexp.config import validate
-
-        validate(cfg)
         out = tmp_path / f"run{next(counter)}"
         out.mkdir()
-        target = device.configure(cfg.device, cfg.train.mode)
-        history = training.History()
-        summary = training.train(cfg, out, history, target)
-        return summary, training.read_history(out / "history.csv"), out
+        summary = train_here(cfg, out)
+        return summary, read_history(out / "history.csv"), out
 
     return _run
 

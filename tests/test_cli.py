@@ -43,7 +43,7 @@ def test_built_wheel_carries_the_configs(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)
     env = {"PYTHONPATH": str(site)}
-    code = "import lsexp.paths as p; print(p.conf_dir())"
+    code = "import lsexp.config.paths as p; print(p.conf_dir())"
     where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
     assert where.stdout.strip() == str(site / "lsexp" / "conf")
     out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=2", "tracking=none", "train.progress=false",

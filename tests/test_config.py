@@ -5,8 +5,19 @@ import sys
 
 import pytest
 
-from lsexp import paths
-from lsexp.config import ConfigError, known_num_train, optimizer_loss_scale, strategy, total_steps, validate
+from lsexp.config import paths
+from lsexp.config.errors import ConfigError
+from lsexp.config.facts import known_num_train, total_steps
+from lsexp.preflight import validate
+from lsexp.strategies import resolve
+
+
+def strategy(cfg) -> str:
+    return resolve(cfg).name
+
+
+def optimizer_loss_scale(cfg) -> float:
+    return resolve(cfg).optimizer_loss_scale
 from conftest import compose_cfg, run_cli
 
 OPTIONS = {
@@ -38,14 +49,17 @@ def test_the_transformer_takes_its_task_and_sizes_from_token_data(dataset, tmp_p
 
 
 def test_every_family_has_its_schema_beside_its_code():
-    from lsexp import families
+    from lsexp.config import families
 
     assert set(families.schemas("model")) >= {"lenet5", "mlp", "resnet", "transformer"}
     assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder", "text",
                                                 "sequence"}
+    assert set(families.schemas("loss_scale")) == {"none", "fixed", "dynamic", "dynamic_hysteresis"}
     for group in families.PACKAGES:
         for name, module in families.schemas(group).items():
-            assert (paths.conf_dir() / group / f"{name}.yaml").is_file(), name
+            # each family has a YAML option that builds on its schema (fixed: fixed_drop and fixed_nodrop)
+            options = [p for p in (paths.conf_dir() / group).glob("*.yaml") if f"base_{name}]" in p.read_text()]
+            assert options, name
             assert families.of(group, module.SCHEMA._target_) is module
 
 
@@ -148,7 +162,7 @@ def test_seed_blog_experiment_sweeps_the_three_setups():
 
 def test_validation_does_not_import_mindspore():
     code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose_cfg;"
-            "from lsexp.config import validate; validate(compose_cfg('device=auto', 'dataset=digits'));"
+            "from lsexp.preflight import validate; validate(compose_cfg('device=auto', 'dataset=digits'));"
             "print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -184,7 +198,7 @@ def test_a_workload_picks_the_model_and_the_data_set_and_the_command_line_still_
 
 @pytest.mark.parametrize("study", ["underflow", "scale_sweep", "none_vs_scaled", "dynamic_window"])
 def test_every_study_composes_validates_and_names_its_report(study):
-    from lsexp import studies
+    from lsexp.report import studies
 
     cfg = compose_cfg(f"experiment={study}", hydra_cfg=True)
     assert cfg.study == study and study in studies.available()

@@ -11,7 +11,8 @@ from omegaconf import OmegaConf
 
 from conftest import compose_cfg, run_cli
 from data_files import write_cifar10, write_image_folder, write_mnist
-from lsexp.config import ConfigError, validate
+from lsexp.config.errors import ConfigError
+from lsexp.preflight import validate
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +47,7 @@ def data_args(request, mnist_dir, cifar_dir, image_dir):
 
 
 def _load(*overrides):
-    from lsexp.training import load_data
+    from lsexp.training.build import load_data
 
     cfg = compose_cfg(*overrides)
     validate(cfg)
@@ -90,7 +91,7 @@ def test_resumed_and_sharded_slices_are_the_pipelines_batches(data_args):
 def test_the_lookup_is_what_the_transforms_make_of_any_image():
     from mindspore.dataset import vision
 
-    from lsexp.data import _lookup_table
+    from lsexp.datasets.kinds import _lookup_table
     from lsexp.datasets import cifar10, mnist
 
     rng = np.random.default_rng(0)

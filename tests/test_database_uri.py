@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from lsexp.store import redact, scrub
+from lsexp.tracking.uri import redact, scrub
 
 SECRET = "Zq7x"
 URI = f"postgresql://team:{SECRET}%40pw@127.0.0.1:5432/mlflow"

@@ -25,11 +25,11 @@ def test_update_cell_equals_deepspeed_on_random_overflows(setting, p):
     from mindspore import Parameter, Tensor
 
     from conftest import compose_cfg
-    from lsexp import device
-    from lsexp.hysteresis import HysteresisLossScaleManager
+    from lsexp.runtime import device
+    from lsexp.strategies.dynamic_hysteresis import HysteresisLossScaleManager
 
     cfg = compose_cfg()
-    device.configure(cfg.device, cfg.train.mode)  # as a run does, before any kernel
+    device.configure(cfg.device, cfg.train.mode, None, device.onednn_isa(cfg.device))  # as a run does
     for seed in (0, 1, 2):
         flags = np.random.default_rng(seed).random(1000) < p
         cell = HysteresisLossScaleManager(**setting).get_update_cell()  # fresh counters per sequence
@@ -109,7 +109,8 @@ def test_resumed_hysteresis_run_has_the_straight_runs_history(train_run, engine)
 
 def test_dynamic_hysteresis_validation_names_the_key_and_the_fix():
     from conftest import compose_cfg
-    from lsexp.config import ConfigError, validate
+    from lsexp.config.errors import ConfigError
+    from lsexp.preflight import validate
 
     for overrides, key in [
         (["loss_scale.hysteresis=0"], "loss_scale.hysteresis=0"),

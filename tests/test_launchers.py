@@ -23,7 +23,7 @@ import yaml
 import slurm_cluster
 from conftest import run_cli, stop_group
 from test_tracking import FAST, job_dirs, runs, store
-from lsexp.training import read_history
+from lsexp.training.history import read_history
 
 SWEEP = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=20"]
 # lsexp's lost-job grace, shortened so that the killed-job test stays lean
@@ -133,7 +133,7 @@ def test_sweep_equals_the_basic_launchers_with_one_parent_and_report(launcher, b
     logged = open(client.download_artifacts(parent.info.run_id, "comparison.csv")).read()
     table = list(csv.DictReader(logged.splitlines()))
     assert sorted(r["choices"] for r in table) == ["loss_scale=dynamic", "loss_scale=fixed_drop"]
-    report = subprocess.run([sys.executable, "-m", "lsexp.report", "lsexp", "--tracking-uri", uri, "--out",
+    report = subprocess.run([sys.executable, "-m", "lsexp.report.cli", "lsexp", "--tracking-uri", uri, "--out",
                              str(tmp_path / "report")], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "report" / "comparison.csv").read_text() == logged

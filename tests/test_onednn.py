@@ -10,7 +10,7 @@ import pytest
 
 from conftest import run_cli
 from test_tracking import runs, store
-from lsexp import onednn
+from lsexp.runtime import onednn
 
 X86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
 

@@ -15,11 +15,13 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, run_cli
-from lsexp import onednn
-from lsexp.config import ConfigError, steps_per_epoch, validate
-from lsexp.data import _epoch_slice
-from lsexp.parallel import _rank_pids
-from lsexp.training import read_history
+from lsexp.runtime import onednn
+from lsexp.config.errors import ConfigError
+from lsexp.config.facts import steps_per_epoch
+from lsexp.preflight import validate
+from lsexp.datasets.kinds import _epoch_slice
+from lsexp.scaleout.msrun import _rank_pids
+from lsexp.training.history import read_history
 
 DP = ["parallel=data", "parallel.workers=2", "train.progress=false"]
 
@@ -27,8 +29,8 @@ DP = ["parallel=data", "parallel.workers=2", "train.progress=false"]
 # --- default suite: no ranks ---------------------------------------------------------------------
 def test_the_ranks_shards_together_are_the_batch_of_one_process_with_world_times_the_batch():
     one = OmegaConf.create({"batch_size": 8, "drop_remainder": True, "seed": 3, "shuffle": True})
-    whole = _epoch_slice(100, OmegaConf.merge(one, {"batch_size": 16}), epoch=2, start=1)
-    shards = [_epoch_slice(100, OmegaConf.merge(one, {"num_shards": 2, "shard_id": r}), epoch=2, start=1)
+    whole = _epoch_slice(100, OmegaConf.merge(one, {"batch_size": 16}), epoch=2, start=1, shard=(1, 0))
+    shards = [_epoch_slice(100, one, epoch=2, start=1, shard=(2, r))
               for r in (0, 1)]
     assert all(len(s) == len(whole) // 2 for s in shards)
     for step in range(len(whole) // 16):  # global step i: rank 0's batch i, then rank 1's

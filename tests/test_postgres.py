@@ -8,7 +8,6 @@ the driver the tests are skipped, saying why; with LSEXP_REQUIRE_POSTGRES=1 (CI)
 """
 
 import csv
-import json
 import os
 import signal
 import subprocess
@@ -25,7 +24,7 @@ from mlflow.tracking import MlflowClient
 import pg_cluster
 from conftest import run_cli, stop_group
 from test_tracking import FAST, job_dirs, runs
-from lsexp.training import read_history
+from lsexp.training.history import read_history
 
 pytestmark = pytest.mark.postgres
 
@@ -255,7 +254,7 @@ def test_processes_opening_a_new_database_at_once_all_get_the_same_experiment(da
     # the tables, and concurrent create_experiment calls race; the worker of every single run does this
     # (each imports mlflow first, then all open the store at one signal, or the imports would stagger them)
     code = ("import sys, mlflow.tracking, mlflow.store.tracking.sqlalchemy_store; "
-            "from lsexp.store import client_for, ensure_experiment; uri = sys.argv[1]; print('ready', flush=True); "
+            "from lsexp.tracking.store import client_for, ensure_experiment; uri = sys.argv[1]; print('ready', flush=True); "
             "sys.stdin.readline(); print(ensure_experiment(client_for(uri), 'race', uri))")
     procs = [subprocess.Popen([sys.executable, "-c", code, database], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for _ in range(3)]

@@ -95,7 +95,7 @@ def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_p
         assert f"20-21 from 2^{int(math.log2(before))}: 10 steps below" in row["recovery_after_bursts"]
 
     # lsexp report redraws the study from the store alone, to the same table.
-    again = subprocess.run([sys.executable, "-m", "lsexp.report", parent.info.run_id, "--tracking-uri",
+    again = subprocess.run([sys.executable, "-m", "lsexp.report.cli", parent.info.run_id, "--tracking-uri",
                             f"sqlite:///{tmp_path / 'm.db'}", "--out", str(tmp_path / "again")],
                            capture_output=True, text=True, cwd=tmp_path)
     assert again.returncode == 0, again.stderr

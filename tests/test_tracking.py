@@ -14,7 +14,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from conftest import free_port, run_cli, stop_group
-from lsexp.training import read_history
+from lsexp.training.history import read_history
 
 FAST = ["train.progress=false"]
 
@@ -94,7 +94,7 @@ def test_diverged_run_is_tagged_and_has_the_step(tmp_path):
 
 def test_credentials_in_the_tracking_uri_are_never_logged():
     from conftest import compose_cfg
-    from lsexp.tracking import flat_params
+    from lsexp.tracking.run import flat_params
 
     params = flat_params(compose_cfg("tracking.uri=http://alice:s3cret@127.0.0.1:5000"))
     assert params["tracking.uri"] == "http://127.0.0.1:5000"
@@ -160,7 +160,7 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
     logged = open(client.download_artifacts(parent.info.run_id, "comparison.csv")).read()
     for target in (parent.info.run_id, "lsexp"):
-        out = subprocess.run([sys.executable, "-m", "lsexp.report", target, "--tracking-uri", uri,
+        out = subprocess.run([sys.executable, "-m", "lsexp.report.cli", target, "--tracking-uri", uri,
                               "--out", str(tmp_path / target)], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
         assert (tmp_path / target / "comparison.csv").read_text() == logged
@@ -172,7 +172,7 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
 
 
 def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
-    from lsexp.report import RunFigure
+    from lsexp.figures import RunFigure
 
     rows = [{"step": i, "loss": 2.3, "loss_scale": 2.0 ** (24 - i // 10), "overflow": int(i % 10 == 0)}
             for i in range(1, 60)]
@@ -180,9 +180,9 @@ def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
     import matplotlib.pyplot as plt
 
     assert not plt.get_fignums() and (tmp_path / "f.png").stat().st_size > 10_000
-    from lsexp.report import _power_of_two
+    from lsexp.figures import power_of_two
 
-    assert [_power_of_two(v) for v in (2.0 ** 24, 128.0, 1.0, 0.25, 3.0)] == ["2²⁴", "2⁷", "2⁰", "2⁻²", "3"]
+    assert [power_of_two(v) for v in (2.0 ** 24, 128.0, 1.0, 0.25, 3.0)] == ["2²⁴", "2⁷", "2⁰", "2⁻²", "3"]
 
 
 @pytest.mark.slow  # 8 jobs, 4 at once; a 2-job joblib sweep to SQLite is in the default suite (test_device)
@@ -440,7 +440,7 @@ def _parent(pid: int) -> int:
 def test_what_runs_before_hydra_imports_nothing_heavy():
     # they run before Hydra composes the config; anything heavy they import delays the run, and
     # numpy must load only once the worker has limited OpenBLAS to one thread
-    code = ("import sys, lsexp.cli, lsexp.supervisor, lsexp.tracking_worker; print(sorted(m for m in "
+    code = ("import sys, lsexp.cli, lsexp.tracking.supervisor, lsexp.tracking.worker; print(sorted(m for m in "
             "('hydra', 'omegaconf', 'mindspore', 'mlflow', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -448,7 +448,7 @@ def test_what_runs_before_hydra_imports_nothing_heavy():
 
 def test_tracking_worker_keeps_to_one_core(tmp_path):
     # numpy's OpenBLAS threads would spin beside it while it draws, on the cores the training needs
-    from lsexp.tracking_worker import Worker
+    from lsexp.tracking.worker import Worker
 
     uri = store(tmp_path, create=True)
     worker = Worker.spawn()

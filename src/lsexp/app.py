@@ -1,4 +1,4 @@
-"""`python -m lsexp [overrides]`: compose, validate, then config -> device -> training -> tracking."""
+"""`python -m lsexp [overrides]`: compose, check (lsexp.preflight), decide, then track and train."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
-from lsexp import families, launchers, paths
-from lsexp.config import ConfigError, optimizer_loss_scale, register_configs, validate
+from lsexp import preflight
+from lsexp.config import paths
+from lsexp.config.errors import ConfigError
+from lsexp.config.registry import register_configs
+from lsexp.scaleout import launchers
 
 log = logging.getLogger("lsexp")
 # lsexp's conf/hydra/launcher/ray.yaml (and submitit_*) are checked against the plugin's schema of the
@@ -24,67 +25,6 @@ log = logging.getLogger("lsexp")
 # plugin scanner loads the plugin's module a second time, a second class of the same name).
 warnings.filterwarnings("ignore", message=r"(?s).*is validated against ConfigStore schema with the same name")
 register_configs()
-
-
-def _exit_on_config_error(cfg: DictConfig) -> None:
-    try:
-        validate(cfg)
-        if families.of("model", cfg.model._target_) is None or families.of("dataset", cfg.dataset._target_) is None:
-            # A user's own model or data set: what its schema cannot tell, one traced batch does.
-            from lsexp.training import trace_shapes
-
-            trace_shapes(cfg)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def _exit_unless_creatable(key: str, folder: str) -> None:
-    try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        print(f"lsexp: config error: {key}={folder}: cannot create it ({err.strerror}); "
-              f"point {key} at a folder you can write", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def _exit_on_unreachable_tracking(cfg: DictConfig) -> None:
-    if cfg.tracking.backend == "mlflow":
-        from lsexp.tracking import exit_if_unreachable
-
-        exit_if_unreachable(cfg.tracking.uri)
-
-
-class ValidateOnRunStart(Callback):
-    """Checks a single run (config, tracking store) before Hydra creates its output directory,
-    and a sweep's tracking store before its sweep directory, so a rejected command leaves nothing
-    behind. Multirun jobs are checked by `run` itself."""
-
-    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        _exit_on_config_error(config)
-        _exit_on_unreachable_tracking(config)
-        _exit_unless_creatable("hydra.run.dir", config.hydra.run.dir)
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problem = launchers.problem(config)
-        if problem:
-            print(f"lsexp: config error: {problem}", file=sys.stderr)
-            raise SystemExit(2)
-        _exit_on_unreachable_tracking(config)
-        _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
-        _calibrate_before_the_jobs(config)
-
-
-def _calibrate_before_the_jobs(config: DictConfig) -> None:
-    """device.onednn_max_cpu_isa=auto is measured here, once, while no job runs beside it; the jobs
-    then read the cached decision. A config the jobs will refuse is not worth waiting for."""
-    try:
-        validate(config)
-    except ConfigError:
-        return
-    from lsexp.device import onednn_isa
-
-    onednn_isa(config.device)
 
 
 def _terminate_as_interrupt(signum, frame):
@@ -96,28 +36,14 @@ def _terminate_as_interrupt(signum, frame):
 
 
 def run(cfg: DictConfig) -> dict:
-    """One experiment: the validated config in, its summary out."""
-    _exit_on_config_error(cfg)
-    from lsexp.device import cpu_share, onednn_isa, threads_for
+    """One experiment: the composed config in, its summary out. The config is left as composed; what is
+    decided at run time is a Decided beside it."""
+    from lsexp.runtime.decided import decide
 
-    jobs = _parallel_jobs()
-    with open_dict(cfg):  # record what the optimizer really divides by, not "null"
-        cfg.optimizer.loss_scale = optimizer_loss_scale(cfg)
-        cfg.device.threads_num = threads_for(cfg.device.threads_num, jobs)
-        # the cap `auto` stands for on this machine, so that runs say what they ran with (and
-        # data-parallel ranks take it as given)
-        cfg.device.onednn_max_cpu_isa = onednn_isa(cfg.device)
-    with cpu_share(cfg.device.affinity_cpu_list, jobs) as cpus:
-        with open_dict(cfg):
-            cfg.device.affinity_cpu_list = cpus
-        return _run(cfg)
-
-
-def _run(cfg: DictConfig) -> dict:
+    checked = preflight.checked_or_exit(cfg)
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
-
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
     try:
@@ -125,7 +51,8 @@ def _run(cfg: DictConfig) -> dict:
     except ValueError:  # not the main thread (some launchers); Ctrl-C handling still applies
         pass
     try:
-        summary = _track_and_train(cfg, out_dir)
+        with decide(cfg, checked.strategy.optimizer_loss_scale, _parallel_jobs()) as decided:
+            summary = _track_and_train(cfg, checked, decided, out_dir)
     except KeyboardInterrupt:  # the history is written and the MLflow run ended by now
         # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
         print(f"lsexp: interrupted; the history so far is in {out_dir}", file=sys.stderr)
@@ -146,14 +73,19 @@ def _parallel_jobs() -> int:
     return (os.cpu_count() or 1) if n_jobs < 0 else int(n_jobs)
 
 
-def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
-    from lsexp import device, parallel, tracking, training
+def _track_and_train(cfg: DictConfig, checked, decided, out_dir: Path) -> dict:
+    from lsexp.runtime import device
+    from lsexp.scaleout import msrun
+    from lsexp.tracking.run import tracker
+    from lsexp.training.history import History
+    from lsexp.training.loop import train
 
-    with tracking.tracker(cfg, out_dir) as tracker:
-        if parallel.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
-            return _launch_ranks(cfg, out_dir, tracker)
+    strategy = checked.strategy
+    with tracker(cfg, out_dir, strategy.name, decided) as run:
+        if msrun.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
+            return _launch_ranks(cfg, decided, out_dir, run)
         try:
-            target = device.configure(cfg.device, cfg.train.mode)
+            target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
         except ConfigError as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
@@ -161,34 +93,48 @@ def _track_and_train(cfg: DictConfig, out_dir: Path) -> dict:
             print(f"lsexp: config error: device.device_target={cfg.device.device_target}: "
                   f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu", file=sys.stderr)
             raise SystemExit(2) from None
-        history = training.History(on_epoch=tracker.send_steps)
+        history = History(on_epoch=run.send_steps)
         try:
-            summary = training.train(cfg, out_dir, history, target)
+            return train(cfg, strategy, decided, out_dir, history, target, probed=checked.probed)
         except ConfigError as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
         finally:
-            tracker.send_steps(history)
-    return summary
+            run.send_steps(history)
 
 
-def _launch_ranks(cfg: DictConfig, out_dir: Path, tracker) -> dict:
-    from lsexp import parallel, training
+def _launch_ranks(cfg: DictConfig, decided, out_dir: Path, run) -> dict:
+    from lsexp.scaleout import msrun
+    from lsexp.training.history import History, read_history
 
-    history = training.History()
+    history = History()
     try:
-        return parallel.launch(cfg, out_dir)
-    except parallel.RankFailure as err:
+        return msrun.launch(cfg, decided, out_dir)
+    except msrun.RankFailure as err:
         raise SystemExit(f"lsexp: parallel=data: {err}") from None
     finally:  # whatever rank 0 trained, also when the run was stopped or a rank died
         if (out_dir / "history.csv").exists():
-            history.rows = training.read_history(out_dir / "history.csv")
+            history.rows = read_history(out_dir / "history.csv")
             summary = out_dir / "summary.json"
             if summary.exists():
                 import json
 
                 history.epoch_eval = json.loads(summary.read_text()).get("epoch_eval", [])
-        tracker.send_steps(history)
+        run.send_steps(history)
+
+
+def train_here(cfg: DictConfig, out_dir: Path, history=None) -> dict:
+    """Train a composed config in this process, untracked, outside Hydra's run (a notebook, a test, a
+    benchmark): the same checks, decisions and training as `python -m lsexp`, into out_dir."""
+    from lsexp.runtime import device
+    from lsexp.runtime.decided import decide
+    from lsexp.training.history import History
+    from lsexp.training.loop import train
+
+    checked = preflight.check(cfg)
+    with decide(cfg, checked.strategy.optimizer_loss_scale, 1) as decided:
+        target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
+        return train(cfg, checked.strategy, decided, out_dir, history or History(), target, probed=checked.probed)
 
 
 def _report(summary: dict, out_dir: Path) -> None:

@@ -6,17 +6,17 @@ import sys
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "report":
-        from lsexp.report import main as report
+        from lsexp.report.cli import main as report
 
         sys.exit(report(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "server":
         from lsexp.server import main as server
 
         sys.exit(server(sys.argv[2:]))
-    from lsexp import tracking_worker
+    from lsexp.tracking import worker as tracking_worker
 
     if tracking_worker.wanted(sys.argv[1:]):
-        from lsexp import supervisor
+        from lsexp.tracking import supervisor
 
         # The job runs in a child, so that its teardown overlaps the worker's last writes.
         report_fd = supervisor.fork_job()

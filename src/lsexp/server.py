@@ -53,8 +53,9 @@ def command(argv: Sequence[str]) -> Tuple[List[str], Dict[str, str], str]:
     """The checked `mlflow server` command line, its environment and a line saying what it serves;
     _Refused if something cannot work."""
     args, extra = _parser().parse_known_args(list(argv))
-    from lsexp import database
-    from lsexp.store import TrackingError, check_reachable, redact
+    from lsexp.tracking import database
+    from lsexp.tracking.store import check_reachable
+    from lsexp.tracking.uri import TrackingError, redact
 
     uri = args.backend_store_uri
     if not uri:

@@ -27,12 +27,12 @@ class _Delegate(Launcher):
 
 
 class RayLauncher(_Delegate):
-    IMPL = "lsexp.launchers.ray.RayLauncher"
+    IMPL = "lsexp.scaleout.launchers.ray.RayLauncher"
 
 
 class SubmititLocalLauncher(_Delegate):
-    IMPL = "lsexp.launchers.submitit.LocalLauncher"
+    IMPL = "lsexp.scaleout.launchers.submitit.LocalLauncher"
 
 
 class SubmititSlurmLauncher(_Delegate):
-    IMPL = "lsexp.launchers.submitit.SlurmLauncher"
+    IMPL = "lsexp.scaleout.launchers.submitit.SlurmLauncher"

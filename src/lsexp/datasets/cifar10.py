@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lsexp.data import file_data
+from lsexp.datasets.kinds import file_data
 from lsexp.datasets.cifar10_schema import RECORDS, SIDE, TEST, TRAIN, batches_dir, record_bytes
 
 # Per-channel mean and std of the CIFAR-10 training images.

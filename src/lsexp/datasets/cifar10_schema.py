@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
-from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.config.schema import ImageFileDatasetConfig
 from lsexp.datasets.files import cache_problems, folder, problem
 
 TRAIN = [f"data_batch_{i}.bin" for i in range(1, 6)]

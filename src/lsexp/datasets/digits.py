@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lsexp.data import Arrays, one_hot
+from lsexp.datasets.kinds import Arrays, one_hot
 from lsexp.datasets.digits_schema import SAMPLES
 
 

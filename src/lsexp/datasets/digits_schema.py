@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.datasets import ImageDatasetConfig
+from lsexp.config.schema import ImageDatasetConfig
 
 # scikit-learn's bundled copy of the UCI digits; its size is part of the package, not a download.
 SAMPLES = 1797

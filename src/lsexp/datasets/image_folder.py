@@ -3,7 +3,7 @@ seeded val_fraction of the images is held out."""
 
 import numpy as np
 
-from lsexp.data import file_data
+from lsexp.datasets.kinds import file_data
 from lsexp.datasets.image_folder_schema import EXTENSIONS, record_bytes, scan
 
 

@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 from omegaconf import OmegaConf
 
-from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.config.schema import ImageFileDatasetConfig
 from lsexp.datasets.files import cache_problems, folder, problem
 
 EXTENSIONS = [".png", ".jpg", ".jpeg", ".PNG", ".JPG", ".JPEG"]

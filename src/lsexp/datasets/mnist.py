@@ -2,14 +2,14 @@
 
 import numpy as np
 
-from lsexp.data import file_data
-from lsexp.datasets.mnist_schema import SIDE, _counts, record_bytes
+from lsexp.datasets.kinds import file_data
+from lsexp.datasets.mnist_schema import SIDE, record_bytes, record_counts
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, as MindSpore's LeNet tutorial normalises
 
 
 def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, cache="auto", cache_max_mb=1024, **_):
-    counts = _counts(str(path))
+    counts = record_counts(str(path))
 
     def loader(usage, sampler):
         import mindspore.dataset as ds

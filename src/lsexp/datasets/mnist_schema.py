@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Dict, List
 
-from lsexp.datasets import ImageFileDatasetConfig
+from lsexp.config.schema import ImageFileDatasetConfig
 from lsexp.datasets.files import cache_problems, folder, problem
 
 FILES = {  # split -> (images, labels), as MnistDataset names them
@@ -30,7 +30,7 @@ SCHEMA = MnistConfig
 
 
 @lru_cache(maxsize=8)
-def _counts(path: str) -> Dict[str, int] | str:
+def record_counts(path: str) -> Dict[str, int] | str:
     """Records per split from the IDX headers, or what is wrong with the files."""
     root, _ = folder(path, EXPECTED, SOURCE)
     counts = {}
@@ -57,12 +57,12 @@ def _counts(path: str) -> Dict[str, int] | str:
 
 
 def num_train(d) -> int:
-    return _counts(str(d.path))["train"]
+    return record_counts(str(d.path))["train"]
 
 
 def record_bytes(path: str, image_size: int) -> int:
     """What both splits take in memory as records (uint8 images at image_size, a 4-byte label each)."""
-    return sum(_counts(path).values()) * (image_size * image_size + 4)
+    return sum(record_counts(path).values()) * (image_size * image_size + 4)
 
 
 def problems(cfg) -> List[str]:
@@ -75,7 +75,7 @@ def _file_problems(d) -> List[str]:
     root, p = folder(d.path, EXPECTED, SOURCE)
     if p:
         return p
-    counts = _counts(str(root))
+    counts = record_counts(str(root))
     if isinstance(counts, str):
         return [problem(d.path, counts, EXPECTED, SOURCE)]
     if d.num_channel != 1:

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lsexp.data import CLASSIFY
+from lsexp.datasets.kinds import CLASSIFY
 from lsexp.datasets.sequence_schema import train_count
 from lsexp.datasets.tokens import token_pipeline
 

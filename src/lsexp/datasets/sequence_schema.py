@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.datasets import DatasetConfig
+from lsexp.config.schema import DatasetConfig
 
 RULES = ("copy", "sort", "modular_addition")
 

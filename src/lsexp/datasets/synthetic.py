@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lsexp.data import Arrays, one_hot
+from lsexp.datasets.kinds import Arrays, one_hot
 
 
 def synthetic(num_samples=1024, num_classes=10, num_channel=1, image_size=32, seed=1, **_) -> Arrays:

@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.datasets import ImageDatasetConfig
+from lsexp.config.schema import ImageDatasetConfig
 
 
 @dataclass

@@ -3,7 +3,7 @@ next character; the file's last val_fraction is held out. Its unigram entropy is
 
 import numpy as np
 
-from lsexp.data import LM
+from lsexp.datasets.kinds import LM
 from lsexp.datasets.text_schema import read, split
 from lsexp.datasets.tokens import token_pipeline
 

@@ -10,7 +10,7 @@ from typing import List, Union
 import numpy as np
 from omegaconf import OmegaConf
 
-from lsexp.datasets import FileDatasetConfig
+from lsexp.config.schema import FileDatasetConfig
 
 EXPECTED = "a UTF-8 text file"
 SOURCE = "any plain text of your own, e.g. a book from Project Gutenberg saved as .txt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lsexp.data import Pipeline
+from lsexp.datasets.kinds import Pipeline
 
 
 class _Source:

@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.models import ImageModelConfig
+from lsexp.config.schema import ImageModelConfig
 
 
 @dataclass

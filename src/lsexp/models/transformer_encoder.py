@@ -9,7 +9,7 @@ Attention's softmax runs in float16 at O2/O3, which is where real overflows appe
 # MindSpore's own nn/layer/transformer.py by its bare module name, which a lsexp/models/transformer.py shadows.
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, nn
 from mindspore.common.initializer import Normal
 
 

@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.models import ModelConfig
+from lsexp.config.schema import ModelConfig
 
 TASKS = ("classify", "lm")
 

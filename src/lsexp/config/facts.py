@@ -1,0 +1,44 @@
+"""What follows from a composed config alone: the world size, the step counts and the run's names."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from omegaconf import DictConfig
+
+from lsexp.config import families
+
+
+def world_size(cfg: DictConfig) -> int:
+    return int(cfg.parallel.workers) if cfg.parallel.parallel_mode == "data_parallel" else 1
+
+
+def steps_per_epoch(cfg: DictConfig, num_train: int) -> int:
+    """Each of the world's ranks takes its own batch of dataset.batch_size at every step."""
+    b = cfg.dataset.batch_size * world_size(cfg)
+    return num_train // b if cfg.dataset.drop_remainder else -(-num_train // b)
+
+
+def total_steps(cfg: DictConfig, num_train: int) -> int:
+    steps = cfg.train.epochs * steps_per_epoch(cfg, num_train)
+    return min(steps, cfg.train.max_steps) if cfg.train.max_steps is not None else steps
+
+
+def known_num_train(cfg: DictConfig) -> Optional[int]:
+    """The training-set size, from the config and the files' headers; None for a user's own data set."""
+    family = families.of("dataset", cfg.dataset._target_)
+    return family.num_train(cfg.dataset) if family is not None else None
+
+
+def model_name(cfg: DictConfig) -> str:
+    return cfg.model._target_.rsplit(".", 1)[-1].lower()
+
+
+def dataset_name(cfg: DictConfig) -> str:
+    return cfg.dataset._target_.rsplit(".", 1)[-1]
+
+
+def run_name(cfg: DictConfig, strategy: str) -> str:
+    """model-dataset-level-strategy, and the engine unless it is the default cell engine."""
+    engine = "" if cfg.engine.name == "cell" else f"-{cfg.engine.name}"
+    return f"{model_name(cfg)}-{dataset_name(cfg)}-{cfg.amp.level}-{strategy}{engine}"

@@ -1,0 +1,20 @@
+"""Where the configs are: inside the package when installed from a wheel, at the top of a checkout otherwise."""
+
+from pathlib import Path
+
+_PACKAGE = Path(__file__).resolve().parents[1]  # src/lsexp, or lsexp/ inside a wheel
+
+
+def _find(name: str) -> Path:
+    for candidate in (_PACKAGE / name, _PACKAGE.parents[1] / name):
+        if candidate.is_dir():
+            return candidate
+    raise FileNotFoundError(f"lsexp: cannot find its {name}/ folder next to {_PACKAGE}; reinstall lsexp")
+
+
+def conf_dir() -> Path:
+    return _find("conf")
+
+
+def experiments_dir() -> Path:
+    return _find("experiments")

@@ -1,0 +1,195 @@
+"""Typed schemas for every config group: the core groups here, each family's own beside its module
+(models/<family>_schema.py, datasets/<name>_schema.py, strategies/<family>_schema.py).
+
+Each YAML option under conf/<group>/ names its schema in its defaults list, so a wrong type or an
+unknown key fails at compose time with Hydra's own message. The cross-field rules that a type cannot
+express are lsexp.preflight's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from omegaconf import MISSING
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3")
+AMP_DTYPES = ("float16", "bfloat16")
+MODES = ("graph", "pynative")
+OBJECTIVES = ("final_loss", "eval_accuracy")
+PARALLEL_MODES = ("stand_alone", "data_parallel")
+
+
+# --- model and dataset: the keys every family shares ----------------------------------------
+@dataclass
+class ModelConfig:
+    _target_: str = MISSING
+    num_class: int = "${dataset.num_classes}"  # type: ignore[assignment]
+
+
+@dataclass
+class ImageModelConfig(ModelConfig):
+    num_channel: int = "${dataset.num_channel}"  # type: ignore[assignment]
+    image_size: int = "${dataset.image_size}"  # type: ignore[assignment]
+
+
+@dataclass
+class DatasetConfig:
+    _target_: str = MISSING
+    batch_size: int = 32
+    drop_remainder: bool = True
+    shuffle: bool = True
+    num_classes: int = 10
+    seed: int = "${train.seed}"  # type: ignore[assignment]
+
+
+@dataclass
+class ImageDatasetConfig(DatasetConfig):
+    num_channel: int = 1
+    image_size: int = 32
+
+
+@dataclass
+class FileDatasetConfig(DatasetConfig):
+    path: Optional[str] = None
+    # mindspore.dataset map workers; 1 leaves the other core to MindSpore's executor (docs/performance.md).
+    num_parallel_workers: int = 1
+
+
+@dataclass
+class ImageFileDatasetConfig(FileDatasetConfig, ImageDatasetConfig):
+    """Images read by one of MindSpore's loaders (MnistDataset, Cifar10Dataset, ImageFolderDataset)."""
+
+    # memory: the loader's uint8 records are read once and each batch is made from them, because the
+    # pipeline's per-row cost is a large part of a small network's step; stream: the pipeline reads
+    # every epoch, for sets that do not fit; auto: memory when the records take <= cache_max_mb.
+    cache: str = "auto"
+    cache_max_mb: int = 1024
+
+
+# --- amp -------------------------------------------------------------------------------------
+@dataclass
+class AmpConfig:
+    level: str = "O0"  # the `level` / `amp_level` of mindspore.amp.build_train_network / auto_mixed_precision
+    dtype: str = "float16"
+
+
+# --- loss_scale ------------------------------------------------------------------------------
+@dataclass
+class LossScaleConfig:
+    _target_: str = MISSING
+
+
+# --- engine --------------------------------------------------------------------------------
+@dataclass
+class EngineConfig:
+    """How a step is built: `_target_` is the builder that turns the loss_scale group into a train step."""
+
+    _target_: str = MISSING
+    name: str = MISSING  # cell or functional, as the run's params and names show it
+
+
+# --- optimizer -------------------------------------------------------------------------------
+@dataclass
+class OptimizerConfig:
+    _target_: str = MISSING
+    learning_rate: float = 0.01
+    weight_decay: float = 0.0
+    # None: follow the strategy (the manager's scale for fixed_nodrop, 1.0 otherwise).
+    loss_scale: Optional[float] = None
+
+
+@dataclass
+class MomentumConfig(OptimizerConfig):
+    _target_: str = "mindspore.nn.Momentum"
+    momentum: float = 0.9
+
+
+# --- device, train, inject -------------------------------------------------------------------
+@dataclass
+class DeviceConfig:
+    device_target: str = "CPU"  # CPU, GPU, Ascend or auto
+    device_id: int = 0
+    # mindspore.device_context.cpu.op_tuning.threads_num: MindSpore's CPU kernel threads. None: its
+    # default, or the cores divided among the jobs when a sweep runs jobs in parallel (joblib n_jobs).
+    threads_num: Optional[int] = None
+    # oneDNN's ONEDNN_MAX_CPU_ISA, the newest instruction set its CPU kernels may use. None: all the
+    # CPU has. On AVX-512 CPUs where oneDNN runs MindSpore's NCHW convolutions through a reference
+    # loop (jit_uni_ncsp:conv+ref), AVX2 takes its GEMM kernels instead, at the cost of other roundings.
+    # auto: whichever of the two a once-per-machine measurement found clearly faster (lsexp.onednn).
+    onednn_max_cpu_isa: Optional[str] = "auto"
+    # The cores the job's threads run on, as mindspore.runtime.set_cpu_affinity names them (which
+    # binds on Ascend hosts only, from cgroup v1's cpuset). None: unbound, or, when a sweep runs jobs
+    # side by side on one machine, a share of its cores that no other running job holds.
+    affinity_cpu_list: Optional[List[int]] = None
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 10
+    max_steps: Optional[int] = None
+    seed: int = 1
+    mode: str = "graph"
+    checkpoint: bool = False
+    save_checkpoint_steps: Optional[int] = None
+    resume: Optional[str] = None
+    progress: bool = True
+    # What a job returns to a search sweeper (hydra/sweeper=optuna): eval_accuracy (maximise) or
+    # final_loss (minimise); a diverged run counts as the worst value.
+    objective: str = "final_loss"
+    # A dynamic strategy whose scale sits at its floor and overflows this many steps in a row stops
+    # early with collapsed: true (null: never).
+    collapse_patience: Optional[int] = 20
+
+
+@dataclass
+class TelemetryConfig:
+    grads: bool = False  # per-step gradient norm and float16 underflow/overflow/zero fractions, in the step
+    histogram_steps: List[int] = field(default_factory=list)  # log2|g| histograms and per-layer breakdown
+
+
+@dataclass
+class InjectConfig:
+    overflow_steps: List[int] = field(default_factory=list)
+    rank: Optional[int] = None  # with parallel=data: the one rank whose gradients are poisoned (None: all)
+
+
+
+@dataclass
+class ParallelConfig:
+    """mindspore.set_auto_parallel_context's parallel_mode and gradients_mean, and msrun's options."""
+
+    parallel_mode: str = "stand_alone"
+    workers: int = 1  # msrun --worker_num (all on this node)
+    gradients_mean: bool = True
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    cluster_time_out: int = 300
+
+
+@dataclass
+class TrackingConfig:
+    backend: str = "mlflow"
+    uri: Optional[str] = None
+    experiment_name: str = "lsexp"
+    run_name: Optional[str] = None
+
+
+@dataclass
+class Config:
+    model: ModelConfig = MISSING
+    dataset: DatasetConfig = MISSING
+    amp: AmpConfig = MISSING
+    loss_scale: LossScaleConfig = MISSING
+    engine: EngineConfig = MISSING
+    optimizer: OptimizerConfig = MISSING
+    device: DeviceConfig = MISSING
+    train: TrainConfig = MISSING
+    tracking: TrackingConfig = MISSING
+    inject: InjectConfig = field(default_factory=InjectConfig)
+    parallel: ParallelConfig = MISSING
+    telemetry: TelemetryConfig = MISSING
+    # A sweep's own table and figure, drawn by lsexp.studies.<study> when the sweep ends (experiments/ set it).
+    study: Optional[str] = None
+
+

@@ -1,0 +1,107 @@
+"""engine=cell: the train step as ms.Model builds it, from the strategy's update cell.
+
+The scale arithmetic is MindSpore's own: FixedLossScaleManager / DynamicLossScaleManager hand
+out their update cell, and the train step calls it exactly as nn.TrainOneStepWithLossScaleCell
+does. What lsexp adds is what MindSpore lacks:
+
+- a portable overflow check: the cell's native check uses NPUGetFloatStatusV2 / FloatStatus,
+  which have no CPU kernels, so on CPU it is replaced by mindspore.amp.all_finite;
+- overflow injection inside the compiled step, so a strategy's reaction can be tested;
+- one small stats vector per step (loss, overflow, scale used, update skipped, parameters
+  finite, and with telemetry the gradient statistics), so recording costs the single host sync
+  that reading the loss needs anyway.
+"""
+
+from __future__ import annotations
+
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.amp import all_finite
+from mindspore.nn.wrap.loss_scale import _grad_scale
+
+from lsexp.engines.recorder import StepRecorder, injection
+
+
+class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
+    """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
+
+    def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False,
+                 telemetry=False, inject_graph=False):
+        super().__init__(network, optimizer, scale_sense)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
+        self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
+
+    def scale_now(self) -> float:
+        return float(self.scale_sense.asnumpy())
+
+    def get_overflow_status(self, status, compute_output):
+        if self.native_check:
+            return super().get_overflow_status(status, compute_output)
+        return ops.logical_not(all_finite(compute_output))
+
+    def construct(self, *inputs):
+        # The body of TrainOneStepWithLossScaleCell.construct, plus injection and stats.
+        weights = self.weights
+        loss = self.network(*inputs)
+        scaling_sens = self.scale_sense
+        status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
+        scale_used = scaling_sens
+        if self.dynamic:
+            # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
+            # into the Parameter: an assign is a side effect, kept in program order before the update's.
+            scale_used = ops.assign(self.scale_used, scaling_sens)
+        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+        grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
+        telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
+        grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
+        # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
+        # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
+        grads = self._advance_and_inject(grads)
+        grads = self.grad_reducer(grads)
+        cond = self.get_overflow_status(status, grads)
+        overflow = self.process_loss_scale(cond)
+        if not overflow:
+            loss = ops.depend(loss, self.optimizer(grads))
+        # Only finite gradients are applied here, so the parameters stay finite unless the loss
+        # itself blows up, which the loss shows: no per-step pass over the parameters.
+        return self._stats(loss, cond, scale_used, overflow, self.one, telemetry)
+
+
+class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
+    """What ms.Model builds for FixedLossScaleManager(drop_overflow_update=False): a TrainOneStepCell
+    whose sens is the loss scale, with the optimizer's own loss_scale dividing the gradients; and,
+    with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
+    the overflow flag is only recorded."""
+
+    def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False,
+                 telemetry=False, inject_graph=False):
+        super().__init__(network, optimizer, sens)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self.scale = Tensor(sens, mstype.float32)
+
+    def scale_now(self) -> float:
+        return float(self.sens)
+
+    def construct(self, *inputs):
+        loss = self.network(*inputs)
+        sens = ops.fill(loss.dtype, loss.shape, self.sens)
+        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        telemetry = self._grad_telemetry(grads, self.scale) if self.telemetry else []
+        grads = self._advance_and_inject(grads)
+        grads = self.grad_reducer(grads)
+        overflow = ops.logical_not(all_finite(grads))
+        loss = ops.depend(loss, self.optimizer(grads))
+        # An overflowed update is applied here, so check what it did to the parameters.
+        params_finite = all_finite(ops.depend(self.weights, loss))
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, telemetry)
+
+
+def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
+                     native_check: bool, rank: int = 0) -> nn.Cell:
+    """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
+    overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
+    kwargs = injection(cfg, last_step, native_check, rank)
+    if not strategy.drops_overflow:
+        return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
+    return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(), **kwargs)

@@ -1,0 +1,95 @@
+"""engine=functional: the train step as MindSpore 2.x teaches for custom loops.
+
+`ms.value_and_grad` over the loss a `mindspore.amp.LossScaler` scaled, `amp.all_finite` on the
+gradients, the scaler's `unscale` and `adjust`; the optimizer runs only on finite gradients
+unless the strategy applies every update. The same loss_scale configs give the same scalers
+(each strategy's `scaler()`):
+
+- fixed_drop: StaticLossScaler(loss_scale), overflowed updates skipped;
+- fixed_nodrop: StaticLossScaler(loss_scale), every update applied, and the optimizer's own
+  loss_scale divides the gradients (as under the cell engine);
+- dynamic: DynamicLossScaler(init_loss_scale, scale_factor, scale_window);
+- dynamic_hysteresis: lsexp.strategies.dynamic_hysteresis.HysteresisLossScaler;
+- none: no scaler.
+
+With the same overflows both engines give the same scale history, with one exception
+(docs/engines.md): DynamicLossScaler grows the scale only to a finite value, where
+DynamicLossScaleUpdateCell grows it past float32's largest, to inf, and then skips every step.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.amp import all_finite
+
+from lsexp.engines.recorder import StepRecorder, injection
+
+
+def _grad_reducer(weights):
+    # What TrainOneStepCell builds for itself; a custom loop builds it by hand.
+    from mindspore.context import ParallelMode
+    from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
+
+    if _get_parallel_mode() in (ParallelMode.DATA_PARALLEL, ParallelMode.HYBRID_PARALLEL):
+        return nn.DistributedGradReducer(weights, _get_gradients_mean(), _get_device_num())
+    return nn.Identity()
+
+
+class FunctionalTrainStep(StepRecorder, nn.Cell):
+    """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
+
+    def __init__(self, network, optimizer, scaler, drop_overflow_update, *, inject_steps=(), last_step=0,
+                 native_check=False, telemetry=False, inject_graph=False):
+        super().__init__(auto_prefix=False)
+        self.network = network
+        self.optimizer = optimizer
+        self.weights = optimizer.parameters
+        self.scaler = scaler
+        self.drop = drop_overflow_update
+        self.grad_reducer = _grad_reducer(self.weights)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
+        for name, value in (vars(scaler) if scaler is not None else {}).items():
+            if isinstance(value, Parameter):
+                setattr(self, f"lsexp_scaler_{name}", value)
+        self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
+        # has_aux: the gradients are of the scaled loss; the loss itself is returned as it was
+        # computed, so a scaled loss that overflows does not read as divergence.
+        self.grad_fn = ms.value_and_grad(self.forward, None, self.weights, has_aux=True)
+
+    def scale_now(self) -> float:
+        return 1.0 if self.scaler is None else float(self.scaler.scale_value.asnumpy())
+
+    def forward(self, *inputs):
+        loss = self.network(*inputs)
+        scaled = loss if self.scaler is None else self.scaler.scale(loss)
+        return scaled, loss
+
+    def construct(self, *inputs):
+        scale = self.one if self.scaler is None else ops.assign(self.scale_used, self.scaler.scale_value)
+        (_, loss), grads = self.grad_fn(*inputs)
+        telemetry = self._grad_telemetry(grads, scale) if self.telemetry else []
+        grads = self._advance_and_inject(grads)
+        grads = self.grad_reducer(grads)
+        finite = all_finite(grads)
+        if self.drop:
+            if finite:
+                loss = ops.depend(loss, self.optimizer(self.scaler.unscale(grads)))
+            params_finite = self.one
+            skipped = ops.logical_not(finite)
+        else:
+            loss = ops.depend(loss, self.optimizer(grads))  # fixed_nodrop: the optimizer's loss_scale unscales
+            params_finite = all_finite(ops.depend(self.weights, loss))
+            skipped = self.zero
+        if self.scaler is not None:
+            loss = ops.depend(loss, self.scaler.adjust(finite))
+        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, telemetry)
+
+
+def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
+                     native_check: bool, rank: int = 0) -> nn.Cell:
+    """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
+    return FunctionalTrainStep(loss_net, optimizer, strategy.scaler(), strategy.drops_overflow,
+                               **injection(cfg, last_step, native_check, rank))

@@ -1,0 +1,96 @@
+"""What both engines' train steps share: the step counter, overflow injection inside the compiled step,
+and one small stats vector per step (loss, overflow, scale used, update skipped, parameters finite, and
+with telemetry the gradient statistics), so recording costs the single host sync that reading the loss
+needs anyway."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+from mindspore import dtype as mstype
+
+_poison = ops.MultitypeFuncGraph("lsexp_poison")
+
+
+@_poison.register("Tensor", "Tensor")
+def _poison_grad(factor, grad):
+    return grad * ops.cast(factor, ops.dtype(grad))
+
+
+_flatten = ops.MultitypeFuncGraph("lsexp_flatten")
+
+
+@_flatten.register("Tensor")
+def _flatten_grad(grad):
+    return ops.cast(grad, mstype.float32).reshape((-1,))
+
+
+# float16's smallest subnormal and largest finite value: a scaled gradient below the first
+# flushes to zero, above the second overflows (Micikevicius et al. 2018).
+FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
+TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction")
+
+
+class StepRecorder:
+    """Step counter, injection and stats shared by both train-step cells."""
+
+    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
+                       inject_graph: bool = False):
+        self.native_check = native_check
+        self.telemetry = telemetry
+        self.tiny = Tensor(FP16_TINY, mstype.float32)
+        self.fp16_max = Tensor(FP16_MAX, mstype.float32)
+        self.hyper_map = ops.HyperMap()
+        # A Parameter, so it is saved with the checkpoint and a resumed run keeps counting. Only
+        # injection needs it inside the step; otherwise the host sets it before each save.
+        self.lsexp_step = Parameter(Tensor(0, mstype.int32), name="lsexp_step", requires_grad=False)
+        steps = sorted(set(inject_steps))
+        # Data parallel ranks must compile the same graph, so that their gradient all-reduces line up:
+        # a rank that injects nothing still carries the (all-false) injection table then.
+        self.inject = bool(steps) or inject_graph
+        table = np.zeros(last_step + 2, dtype=np.bool_)
+        table[steps] = True
+        self.inject_table = Tensor(table)
+        self.inf = Tensor(float("inf"), mstype.float32)
+        self.one = Tensor(1.0, mstype.float32)
+        self.zero = Tensor(0.0, mstype.float32)
+
+    def _advance_and_inject(self, grads):
+        if self.inject:
+            step = self.lsexp_step + 1
+            grads = ops.depend(grads, ops.assign(self.lsexp_step, step))
+            factor = ops.select(self.inject_table[step], self.inf, self.one)
+            grads = self.hyper_map(ops.partial(_poison, factor), grads)
+        return grads
+
+    def _grad_telemetry(self, scaled_grads, scale):
+        """The gradients as backprop computed them, scaled by `scale`: their unscaled global norm and
+        the fractions of elements that float16 would flush to zero, that overflow it, that are zero.
+        At O2/O3 these are the gradients float16 layers produced; at O0 a what-if for float16."""
+        flat = ops.concat(self.hyper_map(_flatten, scaled_grads))
+        size = ops.cast(ops.size(flat), mstype.float32)
+        magnitude = ops.abs(flat)
+        zero = ops.cast(magnitude == 0, mstype.float32).sum() / size
+        under = ops.cast(ops.logical_and(magnitude > 0, magnitude < self.tiny), mstype.float32).sum() / size
+        over = ops.cast(ops.logical_not(magnitude <= self.fp16_max), mstype.float32).sum() / size  # inf, nan too
+        norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
+        return [norm, under, over, zero]
+
+    def _stats(self, loss, overflow, scale, skipped, params_finite, telemetry=()):
+        # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
+        return ops.stack([ops.cast(loss, mstype.float32).reshape(()), ops.cast(overflow, mstype.float32),
+                          scale.reshape(()), ops.cast(skipped, mstype.float32),
+                          ops.cast(params_finite, mstype.float32), *telemetry])
+
+
+def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
+    """The recorder's options shared by both engines' train steps. Under data parallel, inject.rank
+    picks the one rank whose gradients are poisoned."""
+    steps = list(cfg.inject.overflow_steps)
+    mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
+    return dict(inject_steps=mine, last_step=last_step, native_check=native_check,
+                telemetry=cfg.telemetry.grads, inject_graph=bool(steps))
+
+

@@ -1,0 +1,262 @@
+"""Preflight: everything lsexp checks before it writes a file or imports MindSpore, and the Hydra
+callback that runs it. A config is checked once per run: a single run in on_run_start, before Hydra
+creates its output directory (so a refused command leaves nothing behind), a sweep's job when it
+starts. The checks gather every problem into one ConfigError, one line each, naming key, value and fix.
+
+It sits just below the app because it asks every layer: the strategy its own problems, the device
+target, the families their files and shapes, the studies their names, the launchers theirs.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, List, Optional
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from lsexp import strategies
+from lsexp.config import families
+from lsexp.config.errors import ConfigError
+from lsexp.config.facts import known_num_train, total_steps, world_size
+from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, PARALLEL_MODES
+from lsexp.report import studies
+from lsexp.runtime.device import device_problems
+from lsexp.scaleout import launchers
+from lsexp.strategies import Strategy, finite_positive
+from lsexp.tracking.uri import redact
+
+
+def validate(cfg: DictConfig) -> Strategy:
+    """The run's strategy, or ConfigError naming every problem in cfg; imports nothing heavy."""
+    p: List[str] = []
+    try:
+        strategy: Optional[Strategy] = strategies.resolve(cfg)
+    except ConfigError as err:
+        strategy, p = None, list(err.problems)
+
+    if cfg.amp.level not in AMP_LEVELS:
+        p.append(f"amp.level={cfg.amp.level}: unknown amp level; use one of {', '.join(AMP_LEVELS)}")
+    if cfg.amp.dtype not in AMP_DTYPES:
+        p.append(f"amp.dtype={cfg.amp.dtype}: unknown low-precision type; use float16 or bfloat16")
+
+    if strategy is not None:
+        p += strategy.problems(cfg)
+    opt_scale = cfg.optimizer.loss_scale
+    if opt_scale is not None and not finite_positive(opt_scale):
+        p.append(f"optimizer.loss_scale={opt_scale}: must be a finite number > 0; leave it unset")
+    par = cfg.parallel
+    if par.parallel_mode not in PARALLEL_MODES:
+        p.append(f"parallel.parallel_mode={par.parallel_mode}: use data_parallel (parallel=data) or stand_alone")
+    elif par.parallel_mode == "data_parallel":
+        if par.workers < 1:
+            p.append(f"parallel.workers={par.workers}: must be >= 1")
+        if families.of("dataset", cfg.dataset._target_) is None:
+            p.append(f"parallel=data with dataset._target_={cfg.dataset._target_}: a data set of your own cannot "
+                     f"be sharded by lsexp yet; use a built-in data set or parallel=none")
+        if not cfg.dataset.drop_remainder:
+            p.append("dataset.drop_remainder=false with parallel=data: every rank must take the same number "
+                     "of steps; set dataset.drop_remainder=true")
+        if cfg.train.mode != "graph":
+            p.append(f"train.mode={cfg.train.mode} with parallel=data: data parallel runs in graph mode; "
+                     f"set train.mode=graph")
+    if cfg.inject.rank is not None and not 0 <= cfg.inject.rank < world_size(cfg):
+        p.append(f"inject.rank={cfg.inject.rank}: there are ranks 0..{world_size(cfg) - 1}; "
+                 f"use one of them, or null for every rank")
+    if cfg.study is not None:
+        if cfg.study not in studies.available():
+            p.append(f"study={cfg.study}: no such study; use one of {', '.join(studies.available())} or null")
+    if not finite_positive(cfg.optimizer.learning_rate):
+        p.append(f"optimizer.learning_rate={cfg.optimizer.learning_rate}: must be a finite number > 0")
+    if "momentum" in cfg.optimizer and not 0 <= cfg.optimizer.momentum:
+        p.append(f"optimizer.momentum={cfg.optimizer.momentum}: must be >= 0; e.g. 0.9")
+
+    d = cfg.dataset
+    if d.batch_size < 1:
+        p.append(f"dataset.batch_size={d.batch_size}: must be >= 1; e.g. 32")
+    workload = _workload_problems(cfg) if d.batch_size >= 1 else []
+    p += workload
+
+    t = cfg.train
+    if t.epochs < 1:
+        p.append(f"train.epochs={t.epochs}: must be >= 1; e.g. 10")
+    if t.max_steps is not None and t.max_steps < 1:
+        p.append(f"train.max_steps={t.max_steps}: must be >= 1, or null for no cap")
+    if t.objective not in OBJECTIVES:
+        p.append(f"train.objective={t.objective}: use one of {', '.join(OBJECTIVES)}")
+    if t.mode not in MODES:
+        p.append(f"train.mode={t.mode}: use graph or pynative")
+    if t.collapse_patience is not None and t.collapse_patience < 1:
+        p.append(f"train.collapse_patience={t.collapse_patience}: must be >= 1 step, or null to never stop early")
+    if t.save_checkpoint_steps is not None and t.save_checkpoint_steps < 1:
+        p.append(f"train.save_checkpoint_steps={t.save_checkpoint_steps}: must be >= 1, or null")
+    if t.resume is not None and not Path(t.resume).is_file():
+        p.append(f"train.resume={t.resume}: no such checkpoint file; give the path of a checkpoint.ckpt")
+
+    num_train = known_num_train(cfg) if not p else None
+    if num_train is not None:  # the step count needs a sane dataset and train section
+        p += step_problems(cfg, num_train)
+
+    uri = cfg.tracking.uri
+    if cfg.tracking.backend not in ("mlflow", "none"):
+        p.append(f"tracking.backend={cfg.tracking.backend}: use tracking=mlflow or tracking=none")
+    elif uri and not re.match(r"^(sqlite|https?|file|postgresql|mysql|mssql|databricks)[+a-z0-9]*:", uri):
+        p.append(f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db, "
+                 f"http://127.0.0.1:5000 or postgresql://user@host:5432/database")
+
+    p += device_problems(cfg.device)
+    if p:
+        raise ConfigError(p)
+    return strategy
+
+
+def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
+    """What needs the run's step count: known here for lsexp's data sets, after building for a user's."""
+    n, p = total_steps(cfg, num_train), []
+    if n < 1:
+        p.append(f"dataset.batch_size={cfg.dataset.batch_size}: larger than the data, so the run has no step")
+    for key in ("inject.overflow_steps", "telemetry.histogram_steps"):
+        steps = list(OmegaConf.select(cfg, key))
+        outside = [k for k in steps if not 1 <= k <= n]
+        if outside:
+            p.append(f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
+                     f"range or raise train.max_steps")
+    return p
+
+
+def _workload_problems(cfg: DictConfig) -> List[str]:
+    """The data set's files and keys, then whether the model can take what the data set gives."""
+    dataset, model = families.of("dataset", cfg.dataset._target_), families.of("model", cfg.model._target_)
+    p = list(getattr(dataset, "problems", lambda _: [])(cfg))
+    if p:  # the model's sizes come from the data set, so they mean nothing yet
+        return p
+    try:
+        m = OmegaConf.to_container(cfg.model, resolve=True)
+    except OmegaConfBaseException as err:
+        key = re.search(r"dataset\.(\w+)", str(err))
+        kind = "model=transformer for token data" if "vocab_size" in cfg.dataset else "an image model, e.g. model=resnet"
+        return [f"model._target_={cfg.model._target_}: takes dataset.{key.group(1) if key else '?'}, which "
+                f"dataset._target_={cfg.dataset._target_} does not have; pick a model made for this data set: {kind}"]
+    if m.get("num_class", 1) < 1:
+        p.append(f"model.num_class={m['num_class']}: a classifier needs >= 1 class; leave it to the data set")
+    for key, data_key in (("num_channel", "num_channel"), ("image_size", "image_size")):
+        if key in m and data_key in cfg.dataset and m[key] != cfg.dataset[data_key]:
+            p.append(f"model.{key}={m[key]} but dataset.{data_key}={cfg.dataset[data_key]}: the model would not "
+                     f"fit the data; set them equal, or leave model.{key} to follow the data set")
+    if model is not None and not p:
+        p += getattr(model, "problems", lambda _: [])(cfg)
+    return p
+
+
+
+def trace_shapes(cfg, strategy: Strategy):
+    """Build the data and the network and run two samples forward, eagerly (PyNative), so that a
+    network that cannot take the data fails with one line before anything is written. Returns the
+    (data, network) for the run to train, so that neither is built twice."""
+    from lsexp.models.loss import SoftmaxCrossEntropy
+    from lsexp.runtime import device
+    from lsexp.training.build import load_data, network
+
+    device.configure(cfg.device, "pynative", cfg.device.threads_num, device.onednn_isa(cfg.device))
+    try:
+        data = load_data(cfg)
+        x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
+        net = network(cfg)
+        SoftmaxCrossEntropy()(net(x[:2]), y[:2])
+    except Exception as err:  # MindSpore's shape and type errors, a user's own exceptions
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        raise ConfigError([f"model._target_={cfg.model._target_} with dataset._target_={cfg.dataset._target_}: "
+                           f"{first}; make the model take the data set's batches"]) from None
+    # Only now is a user's data set's size known: the checks validate() could not make for it.
+    problems = step_problems(cfg, data.num_train)
+    if problems:
+        raise ConfigError(problems)
+    return data, net
+
+
+@dataclass
+class Checked:
+    """A config that passed: its strategy, and for a user's own model or data set what the probe built."""
+
+    strategy: Strategy
+    probed: Any = None
+
+
+def check(cfg: DictConfig) -> Checked:
+    """validate, then, for a model or data set lsexp has no schema for, one traced batch."""
+    strategy = validate(cfg)
+    if families.of("model", cfg.model._target_) is None or families.of("dataset", cfg.dataset._target_) is None:
+        return Checked(strategy, trace_shapes(cfg, strategy))
+    return Checked(strategy)
+
+
+_single_run: Optional[Checked] = None  # what on_run_start checked, for the run that follows it
+
+
+def checked_or_exit(cfg: DictConfig) -> Checked:
+    """The run's Checked: the one on_run_start made for a single run, else checked now; a config error
+    is its lines on stderr and exit 2."""
+    global _single_run
+    if _single_run is not None:
+        found, _single_run = _single_run, None
+        return found
+    try:
+        return check(cfg)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _exit_unless_creatable(key: str, folder: str) -> None:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        print(f"lsexp: config error: {key}={folder}: cannot create it ({err.strerror}); "
+              f"point {key} at a folder you can write", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _exit_on_unreachable_tracking(cfg: DictConfig) -> None:
+    if cfg.tracking.backend == "mlflow":
+        from lsexp.tracking.run import exit_if_unreachable
+
+        exit_if_unreachable(cfg.tracking.uri)
+
+
+class ValidateOnRunStart(Callback):
+    """Checks a single run (config, tracking store) before Hydra creates its output directory,
+    and a sweep's tracking store before its sweep directory, so a rejected command leaves nothing
+    behind. Multirun jobs are checked when they start (lsexp.app.run)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _single_run
+        _single_run = None
+        found = checked_or_exit(config)
+        _exit_on_unreachable_tracking(config)
+        _exit_unless_creatable("hydra.run.dir", config.hydra.run.dir)
+        _single_run = found
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        problem = launchers.problem(config)
+        if problem:
+            print(f"lsexp: config error: {problem}", file=sys.stderr)
+            raise SystemExit(2)
+        _exit_on_unreachable_tracking(config)
+        _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
+        _calibrate_before_the_jobs(config)
+
+
+def _calibrate_before_the_jobs(config: DictConfig) -> None:
+    """device.onednn_max_cpu_isa=auto is measured here, once, while no job runs beside it; the jobs
+    then read the cached decision. A config the jobs will refuse is not worth waiting for."""
+    try:
+        validate(config)
+    except ConfigError:
+        return
+    from lsexp.runtime.device import onednn_isa
+
+    onednn_isa(config.device)

@@ -1,0 +1,96 @@
+"""Studies: sweeps under experiments/ whose result is a table and a figure of their own.
+
+An experiment names its study (`study: scale_sweep`); when the sweep ends, `lsexp.report.studies.<study>`
+turns the sweep's child runs, read back from the MLflow store, into `<study>.csv`, `<study>.md`
+and `<study>.png`. Reading the store, not the job folders, is what lets `lsexp report` redraw a
+study and lets it work under any launcher. A new study is its experiment YAML plus its module here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import pkgutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+
+def available() -> List[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+@dataclass
+class StudyRun:
+    """One child run of the sweep, as the store has it."""
+
+    client: object
+    run_id: str
+    label: str  # the sweep's choices that differ, e.g. "amp=O2 loss_scale.loss_scale=256"
+    status: str
+    params: Dict[str, str]
+    metrics: Dict[str, float]  # the latest value of each metric
+    tags: Dict[str, str]
+    downloads: Path  # a folder that lives as long as the study's report
+    _histories: Dict[str, Dict[int, float]] = field(default_factory=dict)
+
+    @property
+    def strategy(self) -> str:
+        return self.tags.get("lsexp.strategy", "")
+
+    def label_without(self, *prefixes: str) -> str:
+        """The run's differing choices except those starting with a prefix: the runs a study groups."""
+        return " ".join(t for t in self.label.split() if not t.startswith(prefixes)) or "all"
+
+    def history(self, key: str) -> Dict[int, float]:
+        if key not in self._histories:
+            self._histories[key] = {m.step: m.value for m in self.client.get_metric_history(self.run_id, key)}
+        return self._histories[key]
+
+    def series(self, key: str) -> List[float]:
+        values = self.history(key)
+        return [values[s] for s in sorted(values)]
+
+    def artifact(self, path: str) -> Optional[Path]:
+        """A logged file, downloaded; None when the run has none at that path."""
+        try:
+            return Path(self.client.download_artifacts(self.run_id, path, str(self.downloads)))
+        except Exception:  # MLflow raises its own kinds for a missing artifact, store by store
+            return None
+
+    def param(self, key: str, default=None):
+        return self.params.get(key, default)
+
+
+def write(study: str, client, children, labels: Sequence[str], out: Path) -> List[Path]:
+    """Run the study's report over the sweep's children; returns the files written."""
+    module = importlib.import_module(f"{__name__}.{study}")
+    # a progress bar per downloaded histogram would bury the sweep's own log lines
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    from lsexp.figures import pyplot, write_table
+
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lsexp-study-") as downloads:
+        runs = [StudyRun(client, c.info.run_id, label, c.info.status, dict(c.data.params), dict(c.data.metrics),
+                         dict(c.data.tags), Path(downloads)) for c, label in zip(children, labels)]
+        rows, columns = module.table(runs)
+        write_table(out / study, rows, columns, cell=_cell)
+        plt = pyplot()
+        fig = module.figure(plt, runs, rows)
+        fig.savefig(out / f"{study}.png", dpi=100)
+        plt.close(fig)
+    return [out / f"{study}.{ext}" for ext in ("csv", "md", "png")]
+
+
+def _cell(value) -> str:
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ""
+        return f"{value:.4g}" if value != 0 else "0"
+    return str(value)
+
+
+def log2(value: float) -> float:
+    return math.log2(value) if value > 0 else math.nan

@@ -1,0 +1,1 @@
+"""Beyond one process: data parallel through msrun (msrun), and sweeps on Ray and Slurm (launchers)."""

@@ -1,0 +1,56 @@
+"""The run's MindSpore objects from its config: the data, the network in its precision, the optimizer and
+the engine's train step around the strategy."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+
+def load_data(cfg):
+    """The dataset group as one of lsexp.datasets.kinds, whatever its `_target_` returned."""
+    from hydra.utils import call
+
+    from lsexp.datasets.kinds import as_data
+
+    return as_data(call(cfg.dataset, _convert_="all"), cfg.dataset)
+
+
+def network(cfg):
+    """The model group's nn.Cell, initialised from train.seed."""
+    import mindspore as ms
+    from hydra.utils import instantiate
+
+    ms.set_seed(cfg.train.seed)
+    return instantiate(cfg.model, _convert_="all")
+
+
+def build_optimizer(cfg, params, loss_scale: float):
+    """The optimizer group, with the loss_scale the strategy leaves the gradients scaled by."""
+    from hydra.utils import instantiate
+
+    return instantiate(cfg.optimizer, params=params, loss_scale=loss_scale, _convert_="all")
+
+
+def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, rank: int = 0, net=None):
+    """(network, train step): the network (or the one the shape probe built) in amp.level's precision,
+    with the loss and the optimizer, in the train step that engine._target_ builds around the strategy."""
+    import mindspore as ms
+    from hydra.utils import get_method
+    from mindspore import nn
+
+    from lsexp.models.loss import SoftmaxCrossEntropy
+
+    net = network(cfg) if net is None else net
+    dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
+    # O1 rewrites the network into Python source under ./rewritten_network, which graph mode
+    # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
+    with contextlib.chdir(out_dir):
+        net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+    loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
+    optimizer = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale)
+    build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
+    step_cell = build_train_step(cfg, strategy, loss_net, optimizer, last_step, native_check=target != "CPU",
+                                 rank=rank)
+    step_cell.set_train()
+    return net, step_cell

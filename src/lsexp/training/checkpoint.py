@@ -1,0 +1,41 @@
+"""checkpoint.ckpt: the train step whole (network, optimizer, the strategy's state, the step counter),
+plus the updates skipped so far, so that a resumed run continues the straight run's history."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lsexp.config.errors import ConfigError
+
+CHECKPOINT = "checkpoint.ckpt"
+
+
+def resume(step_cell, path: str, strategy, engine: str) -> tuple[int, int]:
+    """Load a checkpoint into the train step; returns (steps done, updates skipped so far)."""
+    import mindspore as ms
+
+    params = ms.load_checkpoint(path)
+    missing, _ = ms.load_param_into_net(step_cell, params)
+    missing = [name for name in missing if name != "lsexp_scale_used"]  # scratch, rewritten every step
+    lost_state = [name for name in strategy.state_names(engine) if name in missing]
+    if lost_state:
+        raise ConfigError([
+            f"train.resume={path}: the checkpoint lacks {', '.join(lost_state[:3])}, the state of loss_scale="
+            f"{strategy.name} under engine={engine}; it was saved with another loss_scale or engine, so resume "
+            f"with the config it was saved with"
+        ])
+    if missing:
+        raise ConfigError([
+            f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved by a different "
+            f"model, loss_scale or engine, so resume with the config it was saved with"
+        ])
+    return int(step_cell.lsexp_step.asnumpy()), int(params["lsexp_skipped_steps"].asnumpy())
+
+
+def save(step_cell, path: Path, step: int, skipped: int) -> None:
+    import mindspore as ms
+
+    step_cell.lsexp_step.set_data(ms.Tensor(step, ms.int32))
+    ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
+
+

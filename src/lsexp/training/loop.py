@@ -1,0 +1,243 @@
+"""A training run: setup, the loop, and the finish that writes history.csv and summary.json (and a
+checkpoint) on every exit."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+
+from lsexp.config.facts import run_name, steps_per_epoch, total_steps
+from lsexp.engines.recorder import TELEMETRY
+from lsexp.runtime import device
+from lsexp.training import checkpoint
+from lsexp.training.build import build, load_data
+from lsexp.training.evaluate import evaluate
+from lsexp.training.history import History
+
+
+@dataclass
+class _Run:
+    """What the loop carries from step to step, and what the summary is made from."""
+
+    cfg: Any
+    out_dir: Path
+    history: History
+    data: Any
+    net: Any
+    step_cell: Any
+    last: int
+    per_epoch: int
+    done: int
+    skipped: int
+    primary: bool
+    cpus: Optional[List[int]]
+    shard: tuple
+    probe: Any
+    probe_steps: set
+    summary: dict
+    collapse: "_CollapseWatch"
+    progress: "_Progress"
+    started: float
+    step: int = 0
+    diverged_at: Optional[int] = None
+    epoch_seconds: List[float] = field(default_factory=list)
+    loop_started: float = 0.0
+
+    @property
+    def stopped(self) -> bool:
+        return self.diverged_at is not None or self.collapse.step is not None
+
+
+def train(cfg, strategy, decided, out_dir: Path, history: History, target: str, rank: int = 0,
+          on_done: Optional[Callable] = None, probed=None) -> dict:
+    """Run the configured training; history fills as it goes. Writes history.csv and summary.json
+    in out_dir on every exit, so an interrupted run keeps what it did. Under data parallel only rank
+    0 evaluates and writes; on_done(step_cell) runs on every rank once training has finished.
+    probed: the (data, network) the shape probe built for a user's own model or data set."""
+    run = _setup(cfg, strategy, decided, out_dir, history, target, rank, probed)
+    try:
+        _loop(run)
+        run.summary["status"] = "finished"
+        if on_done is not None:
+            on_done(run.step_cell)
+    except BaseException as exc:
+        run.summary["status"] = "killed" if isinstance(exc, KeyboardInterrupt) else "failed"
+        raise
+    finally:
+        _finish(run)
+    return run.summary
+
+
+def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str, rank: int, probed) -> _Run:
+    started = time.perf_counter()
+    data, net = probed if probed is not None else (load_data(cfg), None)
+    last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
+    net, step_cell = build(cfg, strategy, decided, target, out_dir, last, rank, net=net)
+    done, skipped = checkpoint.resume(step_cell, cfg.train.resume, strategy, cfg.engine.name) \
+        if cfg.train.resume else (0, 0)
+    primary = rank == 0
+    probe_steps = set(cfg.telemetry.histogram_steps)
+    probe = None
+    if probe_steps and primary:
+        from lsexp.training.telemetry import GradientProbe
+
+        probe = GradientProbe(step_cell.network, step_cell.weights, out_dir)
+    summary = {"run_name": run_name(cfg, strategy.name), "strategy": strategy.name, "amp_level": cfg.amp.level,
+               "device_target": target, "onednn_max_cpu_isa": device.onednn_isa_in_force(),
+               "resumed_from_step": done, "status": "running"}
+    return _Run(cfg=cfg, out_dir=out_dir, history=history, data=data, net=net, step_cell=step_cell, last=last,
+                per_epoch=per_epoch, done=done, skipped=skipped, primary=primary, cpus=decided.affinity_cpu_list,
+                shard=decided.shard, probe=probe, probe_steps=probe_steps, summary=summary,
+                collapse=_CollapseWatch(strategy.floor, cfg.train.collapse_patience),
+                progress=_Progress(cfg, run_name(cfg, strategy.name), done, last, enabled=primary),
+                started=started, step=done)
+
+
+def _loop(run: _Run) -> None:
+    cfg, history = run.cfg, run.history
+    run.loop_started = time.perf_counter()
+    first = run.done // run.per_epoch
+    for epoch in range(first, cfg.train.epochs):
+        epoch_started = time.perf_counter()
+        start = run.done % run.per_epoch if epoch == first else 0
+        for x, y in run.data.batches(cfg.dataset, epoch, start, run.shard):
+            if run.step >= run.last or _step(run, epoch, x, y):
+                break
+        run.epoch_seconds.append(round(time.perf_counter() - epoch_started, 3))  # training only, not eval
+        if run.primary and run.data.has_eval and not run.stopped and run.step > run.done:
+            history.epoch_eval.append({"epoch": epoch + 1, "step": run.step, **evaluate(run.net, run.data)})
+        if history.on_epoch is not None:
+            history.on_epoch(history)
+        if run.stopped or run.step >= run.last:
+            break
+
+
+def _step(run: _Run, epoch: int, x, y) -> bool:
+    """One train step and its row; True when the run must stop (diverged or collapsed)."""
+    run.step += 1
+    step = run.step
+    if run.probe is not None and step in run.probe_steps:
+        run.probe.capture(step, x, y, run.step_cell.scale_now())
+    values = run.step_cell(x, y).asnumpy().tolist()  # the step's one host sync
+    if step == run.done + 1 and run.cpus:
+        device.bind_threads(list(run.cpus))
+    loss, overflow, scale, skip, params_finite = values[:5]
+    run.skipped += int(skip)
+    row = {"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale, "overflow": int(overflow),
+           "skipped_steps": run.skipped}
+    if len(values) > 5:
+        row.update(zip(TELEMETRY, values[5:]))
+    run.history.rows.append(row)
+    run.progress.update(loss, scale)
+    every = run.cfg.train.save_checkpoint_steps
+    if every and step % every == 0 and run.cfg.train.checkpoint and run.primary:
+        checkpoint.save(run.step_cell, run.out_dir / checkpoint.CHECKPOINT, step, run.skipped)
+    if not math.isfinite(loss) or not params_finite:
+        run.diverged_at = step
+        return True
+    return run.collapse.at(step, scale, overflow)
+
+
+def _finish(run: _Run) -> None:
+    """The summary, history.csv, summary.json and the last checkpoint, however the loop ended."""
+    cfg, summary = run.cfg, run.summary
+    run.progress.close()
+    loop_seconds = time.perf_counter() - run.loop_started if run.loop_started else 0.0
+    if cfg.train.checkpoint and run.step > run.done and run.primary:
+        checkpoint.save(run.step_cell, run.out_dir / checkpoint.CHECKPOINT, run.step, run.skipped)
+    summary.update(_summarise(run.history, cfg, run.step, run.diverged_at, run.step_cell.scale_now()))
+    summary.update(run.collapse.summary())
+    summary["epoch_seconds"] = run.epoch_seconds
+    if run.data.reference_loss is not None:
+        summary["reference_loss"] = run.data.reference_loss
+    if run.data.cache is not None:  # dataset.cache's choice: memory or stream
+        summary["dataset_cache"] = run.data.cache
+    summary["wall_seconds"] = round(time.perf_counter() - run.started, 3)
+    summary["steps_per_second"] = round((run.step - run.done) / loop_seconds, 3) if loop_seconds > 0 else None
+    if run.primary:
+        run.history.write_csv(run.out_dir / "history.csv")
+        (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _release_graphs()
+
+
+def _release_graphs() -> None:
+    # The jobs of a basic or joblib sweep, and Ray's reused workers, train one network after
+    # another in one process; MindSpore keeps every compiled graph and its memory until told.
+    import mindspore as ms
+
+    ms.ms_memory_recycle()
+
+
+class _CollapseWatch:
+    """A dynamic scale that has backed off to its floor and still overflows step after step: no scale
+    can help any more, so the run stops (DeepSpeed's "Current loss scale already at minimum")."""
+
+    def __init__(self, floor: Optional[float], patience: Optional[int]):
+        self.floor, self.patience = floor, patience
+        self.streak = 0
+        self.step: Optional[int] = None
+
+    def at(self, step: int, scale: float, overflow: float) -> bool:
+        if self.floor is None or not self.patience:
+            return False
+        self.streak = self.streak + 1 if overflow and scale <= self.floor else 0
+        if self.streak >= self.patience:
+            self.step = step
+        return self.step is not None
+
+    def summary(self) -> dict:
+        out = {"collapsed": self.step is not None, "collapsed_at_step": self.step}
+        if self.step is not None:
+            out.update(collapse_floor=self.floor, collapse_patience=self.patience)
+        return out
+
+
+def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], scale_now) -> dict:
+    rows = history.rows
+    epoch_losses: Dict[int, List[float]] = {}
+    for row in rows:
+        epoch_losses.setdefault(row["epoch"], []).append(row["loss"])
+    out = {
+        "steps": step,
+        "skipped_steps": rows[-1]["skipped_steps"] if rows else 0,
+        "overflow_steps": [row["step"] for row in rows if row["overflow"]],
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_loss_scale": scale_now,
+        "epoch_loss": {str(e): float(np.mean(v)) for e, v in epoch_losses.items()},
+        "diverged": diverged_at is not None,
+        "diverged_at_step": diverged_at,
+    }
+    if history.epoch_eval:
+        out["eval_accuracy"] = history.epoch_eval[-1]["eval_accuracy"]
+        out["eval_loss"] = history.epoch_eval[-1]["eval_loss"]
+        out["epoch_eval"] = history.epoch_eval  # per epoch, for a job that tracks what its ranks trained
+    if cfg.train.checkpoint:
+        out["checkpoint"] = checkpoint.CHECKPOINT
+    return out
+
+
+class _Progress:
+    """A tqdm bar showing loss and scale; a no-op when train.progress=false."""
+
+    def __init__(self, cfg, name: str, done: int, last: int, enabled: bool = True):
+        self.bar = None
+        if cfg.train.progress and enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=last, initial=done, desc=name, unit="step", leave=False,
+                            dynamic_ncols=True)
+
+    def update(self, loss: float, scale: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{loss:.4f}", scale=f"{scale:g}", refresh=False)
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
