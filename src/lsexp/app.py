@@ -85,13 +85,18 @@ def _track_and_train(cfg: DictConfig, checked, decided, out_dir: Path) -> dict:
         if msrun.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
             return _launch_ranks(cfg, decided, out_dir, run)
         try:
-            target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
+            target = device.configure(
+                cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa
+            )
         except ConfigError as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
         except (RuntimeError, ValueError) as err:
-            print(f"lsexp: config error: device.device_target={cfg.device.device_target}: "
-                  f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu", file=sys.stderr)
+            print(
+                f"lsexp: config error: device.device_target={cfg.device.device_target}: "
+                f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu",
+                file=sys.stderr,
+            )
             raise SystemExit(2) from None
         history = History(on_epoch=run.send_steps)
         try:
@@ -134,7 +139,9 @@ def train_here(cfg: DictConfig, out_dir: Path, history=None) -> dict:
     checked = preflight.check(cfg)
     with decide(cfg, checked.strategy.optimizer_loss_scale, 1) as decided:
         target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
-        return train(cfg, checked.strategy, decided, out_dir, history or History(), target, probed=checked.probed)
+        return train(
+            cfg, checked.strategy, decided, out_dir, history or History(), target, probed=checked.probed
+        )
 
 
 def _report(summary: dict, out_dir: Path) -> None:
@@ -142,17 +149,26 @@ def _report(summary: dict, out_dir: Path) -> None:
         state = f"DIVERGED at step {summary['diverged_at_step']}"
     elif summary.get("collapsed"):
         state = f"COLLAPSED at step {summary['collapsed_at_step']}"
-        print(f"lsexp: loss scale collapsed: at its floor {summary['collapse_floor']:g} the gradients overflowed "
-              f"{summary['collapse_patience']} steps in a row (to step {summary['collapsed_at_step']}), so the "
-              f"overflow is not the scale's doing; look for inf/nan in the forward pass or a too-high "
-              f"optimizer.learning_rate, or try amp.dtype=bfloat16", file=sys.stderr)
+        print(
+            f"lsexp: loss scale collapsed: at its floor {summary['collapse_floor']:g} the gradients "
+            f"overflowed {summary['collapse_patience']} steps in a row (to step "
+            f"{summary['collapsed_at_step']}), so the overflow is not the scale's doing; look for inf/nan "
+            f"in the forward pass or a too-high optimizer.learning_rate, or try amp.dtype=bfloat16",
+            file=sys.stderr,
+        )
     else:
         state = f"final loss {summary['final_loss']:.4f}"
     accuracy = f", eval accuracy {summary['eval_accuracy']:.3f}" if "eval_accuracy" in summary else ""
     log.info(
         "%s: %d steps, %s, final scale %g, %d overflow(s), %d skipped update(s)%s, %.1f steps/s -> %s",
-        summary["run_name"], summary["steps"], state, summary["final_loss_scale"],
-        len(summary["overflow_steps"]), summary["skipped_steps"], accuracy, summary["steps_per_second"] or 0,
+        summary["run_name"],
+        summary["steps"],
+        state,
+        summary["final_loss_scale"],
+        len(summary["overflow_steps"]),
+        summary["skipped_steps"],
+        accuracy,
+        summary["steps_per_second"] or 0,
         out_dir,
     )
 

@@ -57,15 +57,22 @@ def smoothed(values: Sequence[float], span: int) -> List[float]:
 def draw(ax_loss, ax_scale, steps, loss, scale, overflow, label=None, color=None, smooth=False):
     if smooth and len(loss) > 20:  # the raw loss faint behind its moving average
         raw, = ax_loss.plot(steps, loss, color=color, linewidth=0.5, alpha=0.25)
-        line, = ax_loss.plot(steps, smoothed(loss, max(5, len(loss) // 10)), label=label, color=raw.get_color(),
-                             linewidth=1.2)
+        (line,) = ax_loss.plot(
+            steps, smoothed(loss, max(5, len(loss) // 10)), label=label, color=raw.get_color(), linewidth=1.2
+        )
     else:
-        line, = ax_loss.plot(steps, loss, label=label, color=color, linewidth=1)
+        (line,) = ax_loss.plot(steps, loss, label=label, color=color, linewidth=1)
     ax_scale.plot(steps, scale, label=label, color=line.get_color(), linewidth=1, drawstyle="steps-post")
     marks = [i for i, flag in enumerate(overflow) if flag]
     if marks:
-        ax_scale.plot([steps[i] for i in marks], [scale[i] for i in marks], "x", color=line.get_color(),
-                      markersize=5, label=None if label else "overflow")
+        ax_scale.plot(
+            [steps[i] for i in marks],
+            [scale[i] for i in marks],
+            "x",
+            color=line.get_color(),
+            markersize=5,
+            label=None if label else "overflow",
+        )
 
 
 class RunFigure:
@@ -80,8 +87,14 @@ class RunFigure:
 
     def save(self, rows: Sequence[Dict], path: Path) -> None:
         """Draw the rows, write the PNG and close the figure (so once per figure)."""
-        draw(self.ax_loss, self.ax_scale, [r["step"] for r in rows], [r["loss"] for r in rows],
-              [r["loss_scale"] for r in rows], [r["overflow"] for r in rows])
+        draw(
+            self.ax_loss,
+            self.ax_scale,
+            [r["step"] for r in rows],
+            [r["loss"] for r in rows],
+            [r["loss_scale"] for r in rows],
+            [r["overflow"] for r in rows],
+        )
         if any(r["overflow"] for r in rows):
             self.ax_scale.legend(loc="best", fontsize=8)
         self.fig.savefig(path, dpi=100)

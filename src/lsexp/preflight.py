@@ -51,22 +51,32 @@ def validate(cfg: DictConfig) -> Strategy:
         p.append(f"optimizer.loss_scale={opt_scale}: must be a finite number > 0; leave it unset")
     par = cfg.parallel
     if par.parallel_mode not in PARALLEL_MODES:
-        p.append(f"parallel.parallel_mode={par.parallel_mode}: use data_parallel (parallel=data) or stand_alone")
+        p.append(
+            f"parallel.parallel_mode={par.parallel_mode}: use data_parallel (parallel=data) or stand_alone"
+        )
     elif par.parallel_mode == "data_parallel":
         if par.workers < 1:
             p.append(f"parallel.workers={par.workers}: must be >= 1")
         if families.of("dataset", cfg.dataset._target_) is None:
-            p.append(f"parallel=data with dataset._target_={cfg.dataset._target_}: a data set of your own cannot "
-                     f"be sharded by lsexp yet; use a built-in data set or parallel=none")
+            p.append(
+                f"parallel=data with dataset._target_={cfg.dataset._target_}: a data set of your own cannot "
+                f"be sharded by lsexp yet; use a built-in data set or parallel=none"
+            )
         if not cfg.dataset.drop_remainder:
-            p.append("dataset.drop_remainder=false with parallel=data: every rank must take the same number "
-                     "of steps; set dataset.drop_remainder=true")
+            p.append(
+                "dataset.drop_remainder=false with parallel=data: every rank must take the same number "
+                "of steps; set dataset.drop_remainder=true"
+            )
         if cfg.train.mode != "graph":
-            p.append(f"train.mode={cfg.train.mode} with parallel=data: data parallel runs in graph mode; "
-                     f"set train.mode=graph")
+            p.append(
+                f"train.mode={cfg.train.mode} with parallel=data: data parallel runs in graph mode; "
+                f"set train.mode=graph"
+            )
     if cfg.inject.rank is not None and not 0 <= cfg.inject.rank < world_size(cfg):
-        p.append(f"inject.rank={cfg.inject.rank}: there are ranks 0..{world_size(cfg) - 1}; "
-                 f"use one of them, or null for every rank")
+        p.append(
+            f"inject.rank={cfg.inject.rank}: there are ranks 0..{world_size(cfg) - 1}; "
+            f"use one of them, or null for every rank"
+        )
     if cfg.study is not None:
         if cfg.study not in studies.available():
             p.append(f"study={cfg.study}: no such study; use one of {', '.join(studies.available())} or null")
@@ -91,7 +101,9 @@ def validate(cfg: DictConfig) -> Strategy:
     if t.mode not in MODES:
         p.append(f"train.mode={t.mode}: use graph or pynative")
     if t.collapse_patience is not None and t.collapse_patience < 1:
-        p.append(f"train.collapse_patience={t.collapse_patience}: must be >= 1 step, or null to never stop early")
+        p.append(
+            f"train.collapse_patience={t.collapse_patience}: must be >= 1 step, or null to never stop early"
+        )
     if t.save_checkpoint_steps is not None and t.save_checkpoint_steps < 1:
         p.append(f"train.save_checkpoint_steps={t.save_checkpoint_steps}: must be >= 1, or null")
     if t.resume is not None and not Path(t.resume).is_file():
@@ -105,8 +117,10 @@ def validate(cfg: DictConfig) -> Strategy:
     if cfg.tracking.backend not in ("mlflow", "none"):
         p.append(f"tracking.backend={cfg.tracking.backend}: use tracking=mlflow or tracking=none")
     elif uri and not re.match(r"^(sqlite|https?|file|postgresql|mysql|mssql|databricks)[+a-z0-9]*:", uri):
-        p.append(f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db, "
-                 f"http://127.0.0.1:5000 or postgresql://user@host:5432/database")
+        p.append(
+            f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db, "
+            f"http://127.0.0.1:5000 or postgresql://user@host:5432/database"
+        )
 
     p += device_problems(cfg.device)
     if p:
@@ -123,8 +137,10 @@ def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
         steps = list(OmegaConf.select(cfg, key))
         outside = [k for k in steps if not 1 <= k <= n]
         if outside:
-            p.append(f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
-                     f"range or raise train.max_steps")
+            p.append(
+                f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
+                f"range or raise train.max_steps"
+            )
     return p
 
 
@@ -138,19 +154,27 @@ def _workload_problems(cfg: DictConfig) -> List[str]:
         m = OmegaConf.to_container(cfg.model, resolve=True)
     except OmegaConfBaseException as err:
         key = re.search(r"dataset\.(\w+)", str(err))
-        kind = "model=transformer for token data" if "vocab_size" in cfg.dataset else "an image model, e.g. model=resnet"
-        return [f"model._target_={cfg.model._target_}: takes dataset.{key.group(1) if key else '?'}, which "
-                f"dataset._target_={cfg.dataset._target_} does not have; pick a model made for this data set: {kind}"]
+        kind = (
+            "model=transformer for token data"
+            if "vocab_size" in cfg.dataset
+            else "an image model, e.g. model=resnet"
+        )
+        return [
+            f"model._target_={cfg.model._target_}: takes dataset.{key.group(1) if key else '?'}, which "
+            f"dataset._target_={cfg.dataset._target_} does not have; pick a model made for this "
+            f"data set: {kind}"
+        ]
     if m.get("num_class", 1) < 1:
         p.append(f"model.num_class={m['num_class']}: a classifier needs >= 1 class; leave it to the data set")
     for key, data_key in (("num_channel", "num_channel"), ("image_size", "image_size")):
         if key in m and data_key in cfg.dataset and m[key] != cfg.dataset[data_key]:
-            p.append(f"model.{key}={m[key]} but dataset.{data_key}={cfg.dataset[data_key]}: the model would not "
-                     f"fit the data; set them equal, or leave model.{key} to follow the data set")
+            p.append(
+                f"model.{key}={m[key]} but dataset.{data_key}={cfg.dataset[data_key]}: the model would not "
+                f"fit the data; set them equal, or leave model.{key} to follow the data set"
+            )
     if model is not None and not p:
         p += getattr(model, "problems", lambda _: [])(cfg)
     return p
-
 
 
 def trace_shapes(cfg, strategy: Strategy):
@@ -169,8 +193,12 @@ def trace_shapes(cfg, strategy: Strategy):
         SoftmaxCrossEntropy()(net(x[:2]), y[:2])
     except Exception as err:  # MindSpore's shape and type errors, a user's own exceptions
         first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
-        raise ConfigError([f"model._target_={cfg.model._target_} with dataset._target_={cfg.dataset._target_}: "
-                           f"{first}; make the model take the data set's batches"]) from None
+        raise ConfigError(
+            [
+                f"model._target_={cfg.model._target_} with dataset._target_={cfg.dataset._target_}: "
+                f"{first}; make the model take the data set's batches"
+            ]
+        ) from None
     # Only now is a user's data set's size known: the checks validate() could not make for it.
     problems = step_problems(cfg, data.num_train)
     if problems:
@@ -189,7 +217,10 @@ class Checked:
 def check(cfg: DictConfig) -> Checked:
     """validate, then, for a model or data set lsexp has no schema for, one traced batch."""
     strategy = validate(cfg)
-    if families.of("model", cfg.model._target_) is None or families.of("dataset", cfg.dataset._target_) is None:
+    if (
+        families.of("model", cfg.model._target_) is None
+        or families.of("dataset", cfg.dataset._target_) is None
+    ):
         return Checked(strategy, trace_shapes(cfg, strategy))
     return Checked(strategy)
 
@@ -215,8 +246,11 @@ def _exit_unless_creatable(key: str, folder: str) -> None:
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        print(f"lsexp: config error: {key}={folder}: cannot create it ({err.strerror}); "
-              f"point {key} at a folder you can write", file=sys.stderr)
+        print(
+            f"lsexp: config error: {key}={folder}: cannot create it ({err.strerror}); "
+            f"point {key} at a folder you can write",
+            file=sys.stderr,
+        )
         raise SystemExit(2) from None
 
 

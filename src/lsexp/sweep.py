@@ -42,19 +42,27 @@ class SweepCallback(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         # An early worker serves the first job only when the jobs run in this process and track.
-        if config.tracking.backend != "mlflow" or OmegaConf.select(config, "hydra.launcher._target_") != BASIC_LAUNCHER:
+        if (
+            config.tracking.backend != "mlflow"
+            or OmegaConf.select(config, "hydra.launcher._target_") != BASIC_LAUNCHER
+        ):
             tracking_worker.discard()
         if config.tracking.backend != "mlflow":
             return
-        # The store was checked by preflight.ValidateOnRunStart, which runs first, before the sweep directory exists.
+        # The store was checked by preflight.ValidateOnRunStart, which runs first, before the sweep
+        # directory exists.
         self.uri = resolve_uri(config.tracking.uri, start_dir())
         # Created here, once, before any job: parallel jobs then find the schema and the
         # experiment in place instead of racing to migrate or create them.
         self.client = client_for(self.uri)
         experiment_id = ensure_experiment(self.client, config.tracking.experiment_name, self.uri)
         name = config.tracking.run_name or f"sweep-{Path(config.hydra.sweep.dir).name}"
-        run = with_retry(self.client.create_run, experiment_id, run_name=name,
-                         tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())})
+        run = with_retry(
+            self.client.create_run,
+            experiment_id,
+            run_name=name,
+            tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())},
+        )
         self.run_id = run.info.run_id
         self.study = config.get("study")
         if self.study:  # so that `lsexp report` redraws the study too
@@ -103,7 +111,9 @@ class SweepCallback(Callback):
             for path in sorted(out.iterdir()):
                 with_retry(self.client.log_artifact, run_id, str(path))
             if self.study and children:
-                for path in studies.write(self.study, self.client, children, labels(children), sweep_dir / "study"):
+                for path in studies.write(
+                    self.study, self.client, children, labels(children), sweep_dir / "study"
+                ):
                     with_retry(self.client.log_artifact, run_id, str(path), "study")
             if any(c.info.status == "FAILED" for c in children):
                 status = "FAILED"
@@ -115,4 +125,3 @@ class SweepCallback(Callback):
                 raise
         finally:
             with_retry(self.client.set_terminated, run_id, status)
-

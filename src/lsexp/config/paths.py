@@ -1,4 +1,5 @@
-"""Where the configs are: inside the package when installed from a wheel, at the top of a checkout otherwise."""
+"""Where the configs are: inside the package when installed from a wheel, at the top of a checkout
+otherwise."""
 
 from pathlib import Path
 

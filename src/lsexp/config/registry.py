@@ -6,8 +6,17 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from lsexp.config import families, paths
-from lsexp.config.schema import (AmpConfig, Config, DeviceConfig, EngineConfig, MomentumConfig, ParallelConfig,
-                                 TelemetryConfig, TrackingConfig, TrainConfig)
+from lsexp.config.schema import (
+    AmpConfig,
+    Config,
+    DeviceConfig,
+    EngineConfig,
+    MomentumConfig,
+    ParallelConfig,
+    TelemetryConfig,
+    TrackingConfig,
+    TrainConfig,
+)
 
 
 def register_configs() -> None:

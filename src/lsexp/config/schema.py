@@ -9,7 +9,7 @@ express are lsexp.preflight's.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
@@ -180,7 +180,9 @@ class Config:
     model: ModelConfig = MISSING
     dataset: DatasetConfig = MISSING
     amp: AmpConfig = MISSING
-    loss_scale: LossScaleConfig = MISSING
+    # Any: lsexp's own options are typed by their base_<family> schema at compose time, a strategy from
+    # outside lsexp by its SCHEMA when it is resolved (lsexp.strategies.resolve)
+    loss_scale: Any = MISSING
     engine: EngineConfig = MISSING
     optimizer: OptimizerConfig = MISSING
     device: DeviceConfig = MISSING
@@ -189,7 +191,6 @@ class Config:
     inject: InjectConfig = field(default_factory=InjectConfig)
     parallel: ParallelConfig = MISSING
     telemetry: TelemetryConfig = MISSING
-    # A sweep's own table and figure, drawn by lsexp.studies.<study> when the sweep ends (experiments/ set it).
+    # A sweep's own table and figure, drawn by lsexp.report.studies.<study> when the sweep ends
+    # (experiments/ set it).
     study: Optional[str] = None
-
-

@@ -58,8 +58,15 @@ def _file_problems(d) -> List[str]:
         if not f.is_file():
             return [problem(d.path, f"{name} is missing", EXPECTED, SOURCE)]
         if f.stat().st_size != RECORDS * RECORD_BYTES:
-            return [problem(d.path, f"{name} has {f.stat().st_size} bytes, not the {RECORDS * RECORD_BYTES} of "
-                            f"{RECORDS} records", EXPECTED, SOURCE)]
+            return [
+                problem(
+                    d.path,
+                    f"{name} has {f.stat().st_size} bytes, not the {RECORDS * RECORD_BYTES} of "
+                    f"{RECORDS} records",
+                    EXPECTED,
+                    SOURCE,
+                )
+            ]
     if d.num_channel != 3:
         return [f"dataset.num_channel={d.num_channel}: CIFAR-10 images have 3 channels; leave it at 3"]
     return []

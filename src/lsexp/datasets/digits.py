@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from lsexp.datasets.kinds import Arrays, one_hot
 from lsexp.datasets.digits_schema import SAMPLES
+from lsexp.datasets.kinds import Arrays, one_hot
 
 
 def digits(val_fraction=0.2, num_classes=10, num_channel=1, image_size=32, seed=1, **_) -> Arrays:

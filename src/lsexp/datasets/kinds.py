@@ -69,19 +69,21 @@ class Arrays:
     def has_eval(self) -> bool:
         return self.x_val is not None
 
-    def batches(self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)) -> Iterator[Tuple[Any, Any]]:
+    def batches(
+        self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)
+    ) -> Iterator[Tuple[Any, Any]]:
         from mindspore import Tensor
 
         idx = _epoch_slice(len(self.x), d, epoch, start, shard)
         for lo in range(0, len(idx), d.batch_size):
-            part = idx[lo:lo + d.batch_size]
+            part = idx[lo : lo + d.batch_size]
             yield Tensor(self.x[part]), Tensor(self.y[part])
 
     def eval_batches(self, size: int) -> Iterator[Tuple[Any, np.ndarray]]:
         from mindspore import Tensor
 
         for lo in range(0, len(self.x_val), size):
-            yield Tensor(self.x_val[lo:lo + size]), self.y_val[lo:lo + size]
+            yield Tensor(self.x_val[lo : lo + size]), self.y_val[lo : lo + size]
 
 
 @dataclass
@@ -105,7 +107,9 @@ class Pipeline:
     def has_eval(self) -> bool:
         return self.eval_source is not None and len(self.eval_ids) > 0
 
-    def batches(self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)) -> Iterator[Tuple[Any, Any]]:
+    def batches(
+        self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)
+    ) -> Iterator[Tuple[Any, Any]]:
         ids = self.train_ids[_epoch_slice(len(self.train_ids), d, epoch, start, shard)]
         if len(ids) == 0:
             return iter(())
@@ -125,12 +129,23 @@ def _iterate(source, ids: np.ndarray, batch_size: int, drop_remainder: bool):
     return dataset.create_tuple_iterator(num_epochs=1, output_numpy=False, do_copy=False)
 
 
-Split = Tuple[Optional[str], np.ndarray]  # a loader's usage ("train", "test"; None: it has one) and record ids
+Split = Tuple[
+    Optional[str], np.ndarray
+]  # a loader's usage ("train", "test"; None: it has one) and record ids
 
 
-def file_data(loader: Callable[[Optional[str], Any], Any], images: Callable[[], Tuple[List, List]],
-              num_classes: int, train: Split, evaluate: Split, *, cache: str, cache_max_mb: int,
-              record_bytes: int, num_parallel_workers: int = 1):
+def file_data(
+    loader: Callable[[Optional[str], Any], Any],
+    images: Callable[[], Tuple[List, List]],
+    num_classes: int,
+    train: Split,
+    evaluate: Split,
+    *,
+    cache: str,
+    cache_max_mb: int,
+    record_bytes: int,
+    num_parallel_workers: int = 1,
+):
     """A data set that one of MindSpore's loaders reads: streamed as a Pipeline, or, as dataset.cache
     chooses, read once into Records. The decision takes record_bytes, what the records take in
     memory, known from the files' sizes and headers before anything is read.
@@ -148,8 +163,13 @@ def file_data(loader: Callable[[Optional[str], Any], Any], images: Callable[[], 
     how = "read once into memory" if chosen == "memory" else "streamed from the files every epoch"
     log.info("dataset.cache=%s: %.1f MB of uint8 records%s: %s", cache, record_bytes / MB, why, how)
     if chosen == "memory":
-        return Records(lambda usage: _read(loader(usage, None), images()[0], num_parallel_workers),
-                       lambda: images()[1], num_classes, train, evaluate)
+        return Records(
+            lambda usage: _read(loader(usage, None), images()[0], num_parallel_workers),
+            lambda: images()[1],
+            num_classes,
+            train,
+            evaluate,
+        )
 
     def source(usage):
         def build(sampler):
@@ -158,10 +178,15 @@ def file_data(loader: Callable[[Optional[str], Any], Any], images: Callable[[], 
 
             once, each = images()
             dataset = loader(usage, sampler)
-            dataset = dataset.map(once + each + [vision.HWC2CHW()], input_columns="image",
-                                  num_parallel_workers=num_parallel_workers)
-            return dataset.map([transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)],
-                               input_columns="label")
+            dataset = dataset.map(
+                once + each + [vision.HWC2CHW()],
+                input_columns="image",
+                num_parallel_workers=num_parallel_workers,
+            )
+            return dataset.map(
+                [transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)], input_columns="label"
+            )
+
         return build
 
     return Pipeline(source(train[0]), train[1], source(evaluate[0]), evaluate[1], cache="stream")
@@ -181,7 +206,7 @@ def _read(dataset, once: List, num_parallel_workers: int) -> Tuple[np.ndarray, n
     for x, y in dataset.batch(READ_ROWS).create_tuple_iterator(num_epochs=1, output_numpy=True):
         if images is None:
             images, labels = np.empty((n, *x.shape[1:]), x.dtype), np.empty(n, y.dtype)
-        images[lo:lo + len(x)], labels[lo:lo + len(y)] = x, y
+        images[lo : lo + len(x)], labels[lo : lo + len(y)] = x, y
         lo += len(x)
     return images, labels
 
@@ -205,8 +230,14 @@ class Records:
     reference_loss = None
     cache = "memory"
 
-    def __init__(self, read: Callable[[Optional[str]], Tuple[np.ndarray, np.ndarray]],
-                 each: Callable[[], List], num_classes: int, train: Split, evaluate: Split):
+    def __init__(
+        self,
+        read: Callable[[Optional[str]], Tuple[np.ndarray, np.ndarray]],
+        each: Callable[[], List],
+        num_classes: int,
+        train: Split,
+        evaluate: Split,
+    ):
         self._read, self._each_ops, self._eye = read, each, np.eye(num_classes, dtype=np.float32)
         (self.train_usage, self.train_ids), (self.eval_usage, self.eval_ids) = train, evaluate
         self._records: Dict[Optional[str], Tuple[np.ndarray, np.ndarray]] = {}
@@ -237,13 +268,15 @@ class Records:
             np.take(self._table[ch], batch[..., ch], out=out[:, ch], mode="wrap")
         return out
 
-    def batches(self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)) -> Iterator[Tuple[Any, Any]]:
+    def batches(
+        self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)
+    ) -> Iterator[Tuple[Any, Any]]:
         from mindspore import Tensor
 
         images, labels = self.records(self.train_usage)
         ids = self.train_ids[_epoch_slice(len(self.train_ids), d, epoch, start, shard)]
         for lo in range(0, len(ids), d.batch_size):
-            part = ids[lo:lo + d.batch_size]
+            part = ids[lo : lo + d.batch_size]
             # from_numpy shares the batch's fresh arrays: no copy, as the pipeline's do_copy=False
             yield Tensor.from_numpy(self._images(images[part])), Tensor.from_numpy(self._eye[labels[part]])
 
@@ -252,7 +285,7 @@ class Records:
 
         images, labels = self.records(self.eval_usage)
         for lo in range(0, len(self.eval_ids), size):
-            part = self.eval_ids[lo:lo + size]
+            part = self.eval_ids[lo : lo + size]
             yield Tensor.from_numpy(self._images(images[part])), labels[part].astype(np.int64)
 
 
@@ -283,8 +316,9 @@ class UserPipeline:
             from mindspore.dataset import transforms
 
             label = dataset.get_col_names()[-1]
-            self._batched[key] = dataset.map([transforms.OneHot(self.num_classes), transforms.TypeCast(ms.float32)],
-                                             input_columns=label).batch(batch_size, drop_remainder=drop_remainder)
+            self._batched[key] = dataset.map(
+                [transforms.OneHot(self.num_classes), transforms.TypeCast(ms.float32)], input_columns=label
+            ).batch(batch_size, drop_remainder=drop_remainder)
         return self._batched[key]
 
     def batches(self, d, epoch: int, start: int, shard: Tuple[int, int] = (1, 0)):
@@ -295,7 +329,9 @@ class UserPipeline:
         return iterator
 
     def eval_batches(self, size: int):
-        for x, y in self._chain(self.evaluate, size, False).create_tuple_iterator(num_epochs=1, output_numpy=False):
+        for x, y in self._chain(self.evaluate, size, False).create_tuple_iterator(
+            num_epochs=1, output_numpy=False
+        ):
             yield x, y.asnumpy().argmax(axis=-1)
 
 
@@ -313,7 +349,13 @@ def as_data(obj, d):
         return UserPipeline(obj[0], obj[1], d.num_classes)
     if isinstance(obj, tuple) and len(obj) in (2, 4):
         x, y = np.asarray(obj[0], dtype=np.float32), np.asarray(obj[1])
-        val = (np.asarray(obj[2], dtype=np.float32), np.asarray(obj[3]).astype(np.int32)) if len(obj) == 4 else (None, None)
+        val = (
+            (np.asarray(obj[2], dtype=np.float32), np.asarray(obj[3]).astype(np.int32))
+            if len(obj) == 4
+            else (None, None)
+        )
         return Arrays(x, one_hot(y.astype(np.int64), d.num_classes), *val)
-    raise TypeError(f"dataset._target_={d._target_} returned {type(obj).__name__}; return numpy arrays "
-                    f"(x, y) or (x, y, x_val, y_val), or a mindspore.dataset.Dataset (or a (train, eval) pair)")
+    raise TypeError(
+        f"dataset._target_={d._target_} returned {type(obj).__name__}; return numpy arrays "
+        f"(x, y) or (x, y, x_val, y_val), or a mindspore.dataset.Dataset (or a (train, eval) pair)"
+    )

@@ -14,7 +14,9 @@ def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, cache="au
     def loader(usage, sampler):
         import mindspore.dataset as ds
 
-        return ds.MnistDataset(str(path), usage=usage, sampler=sampler, shuffle=None if sampler is not None else False)
+        return ds.MnistDataset(
+            str(path), usage=usage, sampler=sampler, shuffle=None if sampler is not None else False
+        )
 
     def images():
         from mindspore.dataset import vision
@@ -22,6 +24,14 @@ def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, cache="au
         once = [vision.Resize((image_size, image_size))] if image_size != SIDE else []
         return once, [vision.Rescale(1.0 / (255 * STD), -MEAN / STD)]
 
-    return file_data(loader, images, num_classes, ("train", np.arange(counts["train"])),
-                     ("test", np.arange(counts["test"])), cache=cache, cache_max_mb=cache_max_mb,
-                     record_bytes=record_bytes(str(path), image_size), num_parallel_workers=num_parallel_workers)
+    return file_data(
+        loader,
+        images,
+        num_classes,
+        ("train", np.arange(counts["train"])),
+        ("test", np.arange(counts["test"])),
+        cache=cache,
+        cache_max_mb=cache_max_mb,
+        record_bytes=record_bytes(str(path), image_size),
+        num_parallel_workers=num_parallel_workers,
+    )

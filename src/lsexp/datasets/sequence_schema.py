@@ -43,12 +43,16 @@ def problems(cfg) -> List[str]:
     if d.seq_len < 2:
         p.append(f"dataset.seq_len={d.seq_len}: needs the query token and at least one more; e.g. 8")
     elif d.rule in ("copy", "sort") and d.vocab_size < d.seq_len:
-        p.append(f"dataset.vocab_size={d.vocab_size}: must be >= dataset.seq_len={d.seq_len}, since the first "
-                 f"token names a position")
+        p.append(
+            f"dataset.vocab_size={d.vocab_size}: must be >= dataset.seq_len={d.seq_len}, since the first "
+            f"token names a position"
+        )
     if not 0 < d.val_fraction < 1:
         p.append(f"dataset.val_fraction={d.val_fraction}: must be between 0 and 1; e.g. 0.2")
     elif d.num_samples < 1 or num_train(d) < d.batch_size:
-        p.append(f"dataset.num_samples={d.num_samples}: fewer than one training batch of {d.batch_size}; raise it")
+        p.append(
+            f"dataset.num_samples={d.num_samples}: fewer than one training batch of {d.batch_size}; raise it"
+        )
     if d.task != "classify":
         p.append(f"dataset.task={d.task}: the sequence tasks have one label per sequence; use classify")
     return p

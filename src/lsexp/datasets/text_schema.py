@@ -71,6 +71,8 @@ def problems(cfg) -> List[str]:
     elif d.seq_len < 1:
         p.append(f"dataset.seq_len={d.seq_len}: must be >= 1; e.g. 64")
     elif min(num_train(d), (len(chars) - split(len(chars), d.val_fraction) - 1) // d.seq_len) < 1:
-        p.append(f"dataset.path={d.path}: {len(chars)} characters are too few for one training and one held-out "
-                 f"sequence of dataset.seq_len={d.seq_len}; use a longer text or a shorter seq_len")
+        p.append(
+            f"dataset.path={d.path}: {len(chars)} characters are too few for one training and one held-out "
+            f"sequence of dataset.seq_len={d.seq_len}; use a longer text or a shorter seq_len"
+        )
     return p

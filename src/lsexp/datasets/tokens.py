@@ -31,7 +31,9 @@ def token_pipeline(x: np.ndarray, y: np.ndarray, n_train: int, num_classes: int,
 
         dataset = ds.GeneratorDataset(source, column_names=["tokens", "label"], sampler=sampler,
                                       num_parallel_workers=1, python_multiprocessing=False)
-        return dataset.map([transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)], input_columns="label")
+        return dataset.map(
+            [transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)], input_columns="label"
+        )
 
     ids = np.arange(len(x))
     return Pipeline(build, ids[:n_train], build, ids[n_train:], task=task, reference_loss=reference_loss)

@@ -17,6 +17,8 @@ from __future__ import annotations
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import all_finite
+
+# private: the unscaling map TrainOneStepWithLossScaleCell applies, so this cell does exactly what it does
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
 from lsexp.engines.recorder import StepRecorder, injection

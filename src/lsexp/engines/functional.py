@@ -30,6 +30,8 @@ from lsexp.engines.recorder import StepRecorder, injection
 def _grad_reducer(weights):
     # What TrainOneStepCell builds for itself; a custom loop builds it by hand.
     from mindspore.context import ParallelMode
+
+    # private, as TrainOneStepCell reads them: MindSpore exports no getter for the three
     from mindspore.parallel._utils import _get_device_num, _get_gradients_mean, _get_parallel_mode
 
     if _get_parallel_mode() in (ParallelMode.DATA_PARALLEL, ParallelMode.HYBRID_PARALLEL):
@@ -80,7 +82,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             params_finite = self.one
             skipped = ops.logical_not(finite)
         else:
-            loss = ops.depend(loss, self.optimizer(grads))  # fixed_nodrop: the optimizer's loss_scale unscales
+            # fixed_nodrop: the optimizer's own loss_scale unscales
+            loss = ops.depend(loss, self.optimizer(grads))
             params_finite = all_finite(ops.depend(self.weights, loss))
             skipped = self.zero
         if self.scaler is not None:
@@ -88,8 +91,20 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, telemetry)
 
 
-def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool, rank: int = 0) -> nn.Cell:
+def build_train_step(
+    cfg,
+    strategy,
+    loss_net: nn.Cell,
+    optimizer: nn.Optimizer,
+    last_step: int,
+    native_check: bool,
+    rank: int = 0,
+) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
-    return FunctionalTrainStep(loss_net, optimizer, strategy.scaler(), strategy.drops_overflow,
-                               **injection(cfg, last_step, native_check, rank))
+    return FunctionalTrainStep(
+        loss_net,
+        optimizer,
+        strategy.scaler(),
+        strategy.drops_overflow,
+        **injection(cfg, last_step, native_check, rank),
+    )

@@ -74,15 +74,24 @@ class StepRecorder:
         magnitude = ops.abs(flat)
         zero = ops.cast(magnitude == 0, mstype.float32).sum() / size
         under = ops.cast(ops.logical_and(magnitude > 0, magnitude < self.tiny), mstype.float32).sum() / size
-        over = ops.cast(ops.logical_not(magnitude <= self.fp16_max), mstype.float32).sum() / size  # inf, nan too
+        over = (
+            ops.cast(ops.logical_not(magnitude <= self.fp16_max), mstype.float32).sum() / size
+        )  # inf, nan too
         norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
         return [norm, under, over, zero]
 
     def _stats(self, loss, overflow, scale, skipped, params_finite, telemetry=()):
         # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
-        return ops.stack([ops.cast(loss, mstype.float32).reshape(()), ops.cast(overflow, mstype.float32),
-                          scale.reshape(()), ops.cast(skipped, mstype.float32),
-                          ops.cast(params_finite, mstype.float32), *telemetry])
+        return ops.stack(
+            [
+                ops.cast(loss, mstype.float32).reshape(()),
+                ops.cast(overflow, mstype.float32),
+                scale.reshape(()),
+                ops.cast(skipped, mstype.float32),
+                ops.cast(params_finite, mstype.float32),
+                *telemetry,
+            ]
+        )
 
 
 def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
@@ -90,7 +99,10 @@ def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
     picks the one rank whose gradients are poisoned."""
     steps = list(cfg.inject.overflow_steps)
     mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
-    return dict(inject_steps=mine, last_step=last_step, native_check=native_check,
-                telemetry=cfg.telemetry.grads, inject_graph=bool(steps))
-
-
+    return dict(
+        inject_steps=mine,
+        last_step=last_step,
+        native_check=native_check,
+        telemetry=cfg.telemetry.grads,
+        inject_graph=bool(steps),
+    )

@@ -2,5 +2,6 @@
 
 A schema module imports nothing heavy, so every config can be composed and checked before MindSpore
 is imported; it holds `SCHEMA` (the typed keys, registered as `base_<family>`) and may hold
-`problems(cfg)`, the checks a type cannot express. lsexp.config.families finds them; nothing central lists them.
+`problems(cfg)`, the checks a type cannot express. lsexp.config.families finds them; nothing central
+lists them.
 """

@@ -17,6 +17,8 @@ MIN_IMAGE_SIZE = 14
 def problems(cfg) -> List[str]:
     size = cfg.model.image_size
     if size < MIN_IMAGE_SIZE:
-        return [f"model.image_size={size}: LeNet5's two 5x5 convolutions and 2x2 pools need images of at "
-                f"least {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE}; raise dataset.image_size (MNIST and CIFAR-10 resize)"]
+        return [
+            f"model.image_size={size}: LeNet5's two 5x5 convolutions and 2x2 pools need images of at "
+            f"least {MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE}; raise dataset.image_size (MNIST and CIFAR-10 resize)"
+        ]
     return []

@@ -19,10 +19,14 @@ MIN_IMAGE_SIZE = 4
 def problems(cfg) -> List[str]:
     m, p = cfg.model, []
     if m.depth < 8 or (m.depth - 2) % 6:
-        p.append(f"model.depth={m.depth}: a CIFAR ResNet has 6n+2 layers with n >= 1; use 8, 20, 32, 44, 56 or 110")
+        p.append(
+            f"model.depth={m.depth}: a CIFAR ResNet has 6n+2 layers with n >= 1; use 8, 20, 32, 44, 56 or 110"
+        )
     if m.width < 1:
         p.append(f"model.width={m.width}: must be >= 1 (it multiplies the 16/32/64 channels)")
     if m.image_size < MIN_IMAGE_SIZE:
-        p.append(f"model.image_size={m.image_size}: the ResNet's two stride-2 stages need images of at least "
-                 f"{MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE}; raise dataset.image_size")
+        p.append(
+            f"model.image_size={m.image_size}: the ResNet's two stride-2 stages need images of at least "
+            f"{MIN_IMAGE_SIZE}x{MIN_IMAGE_SIZE}; raise dataset.image_size"
+        )
     return p

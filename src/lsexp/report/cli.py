@@ -25,11 +25,18 @@ def _latest_sweep(client, experiment_name: str) -> str:
 def main(argv: Sequence[str] = ()) -> int:
     parser = argparse.ArgumentParser(
         prog="lsexp report",
-        description="Redraw a sweep's comparison figure and table from the MLflow store, without re-running it.")
+        description="Redraw a sweep's comparison figure and table from the MLflow store, "
+        "without re-running it.",
+    )
     parser.add_argument("sweep", help="a sweep's parent run id, or an experiment name (its latest sweep)")
-    parser.add_argument("--tracking-uri", default=None,
-                        help="MLflow tracking URI (default: MLflow's own, sqlite:///mlflow.db here)")
-    parser.add_argument("--out", default=None, help="folder for the figure and tables (default: reports/<run id>)")
+    parser.add_argument(
+        "--tracking-uri",
+        default=None,
+        help="MLflow tracking URI (default: MLflow's own, sqlite:///mlflow.db here)",
+    )
+    parser.add_argument(
+        "--out", default=None, help="folder for the figure and tables (default: reports/<run id>)"
+    )
     args = parser.parse_args(list(argv))
 
     from lsexp.tracking.store import TrackingError, check_reachable, client_for, resolve_uri
@@ -39,7 +46,9 @@ def main(argv: Sequence[str] = ()) -> int:
     try:
         check_reachable(uri, "--tracking-uri")
         client = client_for(uri)
-        run_id = args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
+        run_id = (
+            args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
+        )
         out = Path(args.out or Path("reports") / run_id)
         children = sweep_report(client, run_id, out)
         study = client.get_run(run_id).data.tags.get("lsexp.study")
@@ -51,7 +60,10 @@ def main(argv: Sequence[str] = ()) -> int:
         print(f"lsexp report: {err}", file=sys.stderr)
         return 2
     except Exception as err:  # e.g. an unknown run id: MLflow's RESOURCE_DOES_NOT_EXIST
-        print(f"lsexp report: {args.sweep} in {redact(uri)}: {scrub(str(err).splitlines()[0], uri)}", file=sys.stderr)
+        print(
+            f"lsexp report: {args.sweep} in {redact(uri)}: {scrub(str(err).splitlines()[0], uri)}",
+            file=sys.stderr,
+        )
         return 2
     print(f"{len(children)} runs of sweep {run_id} -> {out}/comparison.png, comparison.csv, comparison.md")
     print((out / "comparison.md").read_text(), end="")

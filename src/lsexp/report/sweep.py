@@ -41,29 +41,49 @@ def sweep_report(client, parent_run_id: str, out: Path):
     telemetry = any("underflow_fraction" in c.data.metrics for c in children)
     columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
     plt = pyplot()
-    fig, ax_loss, ax_scale, *ax_under = axes(plt, f"sweep {client.get_run(parent_run_id).info.run_name}", telemetry)
+    fig, ax_loss, ax_scale, *ax_under = axes(
+        plt, f"sweep {client.get_run(parent_run_id).info.run_name}", telemetry
+    )
     rows = []
     for child, label in zip(children, names):
-        loss, scale, overflow = (_history(client, child.info.run_id, k) for k in ("loss", "loss_scale", "overflow"))
+        loss, scale, overflow = (
+            _history(client, child.info.run_id, k) for k in ("loss", "loss_scale", "overflow")
+        )
         steps = sorted(loss)
         if steps:
-            draw(ax_loss, ax_scale, steps, [loss[s] for s in steps], [scale.get(s, float("nan")) for s in steps],
-                  [overflow.get(s, 0) for s in steps], label=label, smooth=True)
+            draw(
+                ax_loss,
+                ax_scale,
+                steps,
+                [loss[s] for s in steps],
+                [scale.get(s, float("nan")) for s in steps],
+                [overflow.get(s, 0) for s in steps],
+                label=label,
+                smooth=True,
+            )
         m = child.data.metrics
-        rows.append({
-            "run": child.info.run_name, "choices": label, "status": child.info.status,
-            "steps": max(steps) if steps else 0,
-            "skipped_steps": num(m.get("skipped_steps")), "overflow_count": num(m.get("overflow_count")),
-            "final_loss": num(m.get("final_loss")), "final_loss_scale": num(m.get("final_loss_scale")),
-            "diverged": child.data.tags.get("lsexp.diverged", ""),
-            "collapsed": child.data.tags.get("lsexp.collapsed", ""),
-        })
+        rows.append(
+            {
+                "run": child.info.run_name,
+                "choices": label,
+                "status": child.info.status,
+                "steps": max(steps) if steps else 0,
+                "skipped_steps": num(m.get("skipped_steps")),
+                "overflow_count": num(m.get("overflow_count")),
+                "final_loss": num(m.get("final_loss")),
+                "final_loss_scale": num(m.get("final_loss_scale")),
+                "diverged": child.data.tags.get("lsexp.diverged", ""),
+                "collapsed": child.data.tags.get("lsexp.collapsed", ""),
+            }
+        )
         if telemetry:
             for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
                 series = _history(client, child.info.run_id, key)
                 rows[-1][f"mean_{key}"] = num(sum(series.values()) / len(series)) if series else ""
                 if key == "underflow_fraction" and series:
-                    ax_under[0].plot(sorted(series), [series[s] for s in sorted(series)], linewidth=1, label=label)
+                    ax_under[0].plot(
+                        sorted(series), [series[s] for s in sorted(series)], linewidth=1, label=label
+                    )
     if children:
         ax_loss.legend(loc="best", fontsize=8)
     fig.savefig(out / "comparison.png", dpi=100)
@@ -76,5 +96,3 @@ def num(value):
     if value is None:
         return ""
     return int(value) if float(value).is_integer() else round(value, 6)
-
-

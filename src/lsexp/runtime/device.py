@@ -81,14 +81,20 @@ def device_problems(dev) -> List[str]:
     if cpus is not None:
         allowed = _allowed_cpus()
         if allowed is None:
-            return [f"device.affinity_cpu_list={list(cpus)}: this system cannot bind threads to cores; use null"]
+            return [
+                f"device.affinity_cpu_list={list(cpus)}: this system cannot bind threads to cores; use null"
+            ]
         if not cpus or not set(cpus) <= set(allowed):
-            return [f"device.affinity_cpu_list={list(cpus)}: this process may run on cores {allowed}; "
-                    f"pick among them, or null"]
+            return [
+                f"device.affinity_cpu_list={list(cpus)}: this process may run on cores {allowed}; "
+                f"pick among them, or null"
+            ]
     isa = dev.get("onednn_max_cpu_isa")
     if isa is not None and str(isa).upper() not in ONEDNN_ISAS + ("AUTO",):
-        return [f"device.onednn_max_cpu_isa={isa}: not an instruction set oneDNN knows; use auto (measured once "
-                f"on this machine), null for all the CPU has, or one of {', '.join(ONEDNN_ISAS)}"]
+        return [
+            f"device.onednn_max_cpu_isa={isa}: not an instruction set oneDNN knows; use auto (measured once "
+            f"on this machine), null for all the CPU has, or one of {', '.join(ONEDNN_ISAS)}"
+        ]
     target = resolve_target(name)
     why = _why_not(target)
     if why:
@@ -139,7 +145,7 @@ def cpu_share(configured: Optional[List[int]], parallel_jobs: int) -> Iterator[O
     folder = Path(tempfile.gettempdir()) / "lsexp-cpu-shares"
     folder.mkdir(exist_ok=True)
     for k in range(parallel_jobs):
-        cpus = allowed[k * per_job:(k + 1) * per_job]
+        cpus = allowed[k * per_job : (k + 1) * per_job]
         lock = open(folder / ("cpus-" + "-".join(map(str, cpus))), "w")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -216,6 +222,10 @@ def _cap_onednn_isa(isa: Optional[str]) -> None:
         _isa_set = asked
     elif asked != _isa_set:
         # A sweep's jobs share their process (basic, joblib), where oneDNN keeps its first cap.
-        raise ConfigError([f"device.onednn_max_cpu_isa={asked}: this process already runs oneDNN with "
-                           f"onednn_max_cpu_isa={_isa_set}, which it reads once; run each value as its own "
-                           f"`python -m lsexp`, not as jobs of one sweep"])
+        raise ConfigError(
+            [
+                f"device.onednn_max_cpu_isa={asked}: this process already runs oneDNN with "
+                f"onednn_max_cpu_isa={_isa_set}, which it reads once; run each value as its own "
+                f"`python -m lsexp`, not as jobs of one sweep"
+            ]
+        )

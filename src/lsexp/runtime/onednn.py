@@ -114,10 +114,17 @@ def measure(isa: Optional[str]) -> float:
         env[ENV] = isa
     env.setdefault("GLOG_v", "3")  # MindSpore's start-up chatter would fill the captured output
     try:
-        out = subprocess.run([sys.executable, "-m", "lsexp.runtime.onednn", "--probe"], env=env, capture_output=True,
-                             text=True, timeout=PROBE_TIMEOUT_S)
+        out = subprocess.run(
+            [sys.executable, "-m", "lsexp.runtime.onednn", "--probe"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
     except subprocess.TimeoutExpired:
-        raise CalibrationError(f"the probe with {isa or 'all the CPU has'} took over {PROBE_TIMEOUT_S:.0f} s") from None
+        raise CalibrationError(
+            f"the probe with {isa or 'all the CPU has'} took over {PROBE_TIMEOUT_S:.0f} s"
+        ) from None
     lines = out.stdout.strip().splitlines()
     if out.returncode or not lines:
         tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
@@ -129,10 +136,12 @@ def calibrate(measure: Measure = measure) -> dict:
     """Time every candidate, one after another (never two at once: they would time each other)."""
     started = time.perf_counter()
     seconds = {isa: measure(isa) for isa in CANDIDATES}
-    return {"onednn_max_cpu_isa": choose(seconds),
-            "seconds_per_step": {str(isa or "null"): round(s, 6) for isa, s in seconds.items()},
-            "calibration_seconds": round(time.perf_counter() - started, 2),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "onednn_max_cpu_isa": choose(seconds),
+        "seconds_per_step": {str(isa or "null"): round(s, 6) for isa, s in seconds.items()},
+        "calibration_seconds": round(time.perf_counter() - started, 2),
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def _read(path: Path) -> dict:
@@ -147,8 +156,9 @@ def _read(path: Path) -> dict:
         if not isinstance(entries, dict):
             raise ValueError("not a JSON object")
     except ValueError:
-        raise CalibrationError(f"{path} is not a calibration cache (not a JSON object); delete it to "
-                               f"calibrate again") from None
+        raise CalibrationError(
+            f"{path} is not a calibration cache (not a JSON object); delete it to calibrate again"
+        ) from None
     return entries
 
 
@@ -181,23 +191,33 @@ def cached_or_calibrated(measure: Measure = measure, announce: Callable[[str], N
         lock = _locked(folder)
         lock.__enter__()
     except OSError as err:
-        raise CalibrationError(f"cannot write the cache folder {folder} ({err.strerror}); set LSEXP_CACHE_DIR "
-                               f"to a folder you can write") from None
+        raise CalibrationError(
+            f"cannot write the cache folder {folder} ({err.strerror}); set LSEXP_CACHE_DIR "
+            f"to a folder you can write"
+        ) from None
     try:
         entries = _read(path)
         entry = entries.get(_key_id(key))
         if entry is None:
-            announce("lsexp: timing oneDNN's instruction sets on this machine, once (device.onednn_max_cpu_isa=auto)")
+            announce(
+                "lsexp: timing oneDNN's instruction sets on this machine, once "
+                "(device.onednn_max_cpu_isa=auto)"
+            )
             entry = {**calibrate(measure), "key": key}
             entries[_key_id(key)] = entry
             try:
                 _write(path, entries)
             except OSError as err:
-                raise CalibrationError(f"cannot write {path} ({err.strerror}); set LSEXP_CACHE_DIR to a folder "
-                                       f"you can write") from None
-            timings = ", ".join(f"{isa} {s * 1000:.1f} ms/step" for isa, s in entry["seconds_per_step"].items())
-            announce(f"lsexp: onednn_max_cpu_isa={entry['onednn_max_cpu_isa'] or 'null'} ({timings}; "
-                     f"{entry['calibration_seconds']:.1f} s), cached in {path}")
+                raise CalibrationError(
+                    f"cannot write {path} ({err.strerror}); set LSEXP_CACHE_DIR to a folder you can write"
+                ) from None
+            timings = ", ".join(
+                f"{isa} {s * 1000:.1f} ms/step" for isa, s in entry["seconds_per_step"].items()
+            )
+            announce(
+                f"lsexp: onednn_max_cpu_isa={entry['onednn_max_cpu_isa'] or 'null'} ({timings}; "
+                f"{entry['calibration_seconds']:.1f} s), cached in {path}"
+            )
     finally:
         lock.__exit__(None, None, None)
     return entry
@@ -206,8 +226,9 @@ def cached_or_calibrated(measure: Measure = measure, announce: Callable[[str], N
 _decided: Dict[str, Optional[str]] = {}  # per process: oneDNN reads its cap once anyway
 
 
-def auto_isa(warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr),
-             measure: Measure = measure) -> Optional[str]:
+def auto_isa(
+    warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr), measure: Measure = measure
+) -> Optional[str]:
     """The cap `auto` stands for: ONEDNN_MAX_CPU_ISA where the user set it, else this machine's
     calibrated decision. Anything that keeps a decision from being made or kept gives one warning
     line and None (all the CPU has), the behaviour without a cap."""
@@ -217,7 +238,9 @@ def auto_isa(warn: Callable[[str], None] = lambda line: print(line, file=sys.std
         try:
             _decided["auto"] = cached_or_calibrated(measure)["onednn_max_cpu_isa"]
         except CalibrationError as err:
-            warn(f"lsexp: warning: device.onednn_max_cpu_isa=auto: {err}; running with null (all the CPU has)")
+            warn(
+                f"lsexp: warning: device.onednn_max_cpu_isa=auto: {err}; running with null (all the CPU has)"
+            )
             _decided["auto"] = None
     return _decided["auto"]
 
@@ -235,9 +258,17 @@ def probe(steps: int = 30, budget_s: float = 0.5, least: int = 3) -> float:
     class Probe(nn.Cell):
         def __init__(self):
             super().__init__()
-            self.convs = nn.SequentialCell(nn.Conv2d(1, 6, 5, pad_mode="valid"), nn.ReLU(), nn.MaxPool2d(2, 2),
-                                           nn.Conv2d(6, 16, 5, pad_mode="valid"), nn.ReLU(), nn.MaxPool2d(2, 2),
-                                           nn.Conv2d(16, 16, 3, pad_mode="same"), nn.ReLU(), nn.Flatten())
+            self.convs = nn.SequentialCell(
+                nn.Conv2d(1, 6, 5, pad_mode="valid"),
+                nn.ReLU(),
+                nn.MaxPool2d(2, 2),
+                nn.Conv2d(6, 16, 5, pad_mode="valid"),
+                nn.ReLU(),
+                nn.MaxPool2d(2, 2),
+                nn.Conv2d(16, 16, 3, pad_mode="same"),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             self.dense = nn.SequentialCell(nn.Dense(16 * 5 * 5, 120), nn.ReLU(), nn.Dense(120, 10))
             self.attention = nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
 

@@ -58,9 +58,13 @@ def launch(cfg: DictConfig, decided, out_dir: Path) -> dict:
            f"--master_port={p.master_port or _free_port()}", f"--log_dir={log_dir}", "--join=True",
            f"--cluster_time_out={p.cluster_time_out}", "python", "-m", "lsexp.scaleout.msrun", str(out_dir)]
     # msrun starts the ranks as `python ...` from PATH: make that this interpreter, venv or not.
-    env = dict(os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    env = dict(
+        os.environ, PATH=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    )
     # Its own session: a Ctrl-C reaches this job, which stops the ranks in order (rank 0 writes its history).
-    proc = subprocess.Popen(cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        cmd, start_new_session=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    )
     try:
         code = None
         while code is None:
@@ -156,15 +160,25 @@ def _rank_main(out_dir: Path) -> int:
     decided = Decided.from_dict(json.loads((out_dir / RANK_DECIDED).read_text()))
     target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
     init()
-    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL,
-                                 gradients_mean=bool(cfg.parallel.gradients_mean))
+    ms.set_auto_parallel_context(
+        parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=bool(cfg.parallel.gradients_mean)
+    )
     rank, world = get_rank(), get_group_size()
     # Rank 0's history on disk after every epoch: what the job tracks if the ranks are stopped.
     history = History(on_epoch=(lambda h: h.write_csv(out_dir / "history.csv")) if rank == 0 else None)
     try:
-        train(cfg, strategies.resolve(cfg), decided.for_rank(world, rank), out_dir, history, target, rank=rank,
-              on_done=lambda cell: (out_dir / LOG_DIR / f"rank{rank}.params_sha256").write_text(
-                  params_digest(cell)))
+        train(
+            cfg,
+            strategies.resolve(cfg),
+            decided.for_rank(world, rank),
+            out_dir,
+            history,
+            target,
+            rank=rank,
+            on_done=lambda cell: (out_dir / LOG_DIR / f"rank{rank}.params_sha256").write_text(
+                params_digest(cell)
+            ),
+        )
     except KeyboardInterrupt:
         return 130
     return 0

@@ -23,7 +23,9 @@ from lsexp.config.errors import ConfigError
 
 
 def finite_positive(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    )
 
 
 def scale_ok(value) -> bool:
@@ -62,9 +64,11 @@ class Strategy:
         opt = cfg.optimizer.loss_scale
         if opt is None or not finite_positive(opt) or self.optimizer_loss_scale != 1 or opt == 1:
             return []
-        return [f"optimizer.loss_scale={opt} with loss_scale={self.name}: the train step already divides the "
-                f"gradients by the scale, so they would be divided twice; set optimizer.loss_scale=1 or "
-                f"leave it unset"]
+        return [
+            f"optimizer.loss_scale={opt} with loss_scale={self.name}: the train step already divides the "
+            f"gradients by the scale, so they would be divided twice; set optimizer.loss_scale=1 or "
+            f"leave it unset"
+        ]
 
     def update_cell(self):
         """Cell engine, when drops_overflow: the scale_sense of nn.TrainOneStepWithLossScaleCell, from the
@@ -87,9 +91,13 @@ def resolve(cfg: DictConfig) -> Strategy:
     target = cfg.loss_scale._target_
     module = families.of("loss_scale", target) or families.beside(target)
     if module is None or not hasattr(module, "STRATEGY"):
-        raise ConfigError([f"loss_scale._target_={target}: not a loss-scale strategy lsexp knows; pick one of "
-                           f"conf/loss_scale/ (e.g. loss_scale=dynamic), or put a schema module with SCHEMA and "
-                           f"STRATEGY beside {target.rsplit('.', 1)[0]} (docs/architecture.md)"])
+        raise ConfigError(
+            [
+                f"loss_scale._target_={target}: not a loss-scale strategy lsexp knows; pick one of "
+                f"conf/loss_scale/ (e.g. loss_scale=dynamic), or put a schema module with SCHEMA and "
+                f"STRATEGY beside {target.rsplit('.', 1)[0]} (docs/architecture.md)"
+            ]
+        )
     try:  # a family from outside lsexp is typed here, where lsexp's own are typed at compose time
         typed = OmegaConf.merge(OmegaConf.structured(module.SCHEMA), cfg.loss_scale)
     except OmegaConfBaseException as err:

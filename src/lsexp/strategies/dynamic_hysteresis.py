@@ -67,14 +67,30 @@ class _HysteresisState:
 
 
 class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
-    """The update cell the train step calls with (scale Parameter, overflow), like DynamicLossScaleUpdateCell."""
+    """The update cell the train step calls with (scale Parameter, overflow), like
+    DynamicLossScaleUpdateCell."""
 
-    def __init__(self, loss_scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
-                 scale_factor, scale_window):
+    def __init__(
+        self,
+        loss_scale_value,
+        hysteresis,
+        consecutive_hysteresis,
+        min_loss_scale,
+        max_loss_scale,
+        scale_factor,
+        scale_window,
+    ):
         super().__init__()
         self.loss_scale_value = loss_scale_value
-        self._init_state(loss_scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
-                         scale_factor, scale_window)
+        self._init_state(
+            loss_scale_value,
+            hysteresis,
+            consecutive_hysteresis,
+            min_loss_scale,
+            max_loss_scale,
+            scale_factor,
+            scale_window,
+        )
 
     def get_loss_scale(self):
         return self.loss_scale_value
@@ -87,12 +103,27 @@ class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
 class HysteresisLossScaler(_HysteresisState, DynamicLossScaler):
     """The functional API's counterpart: DynamicLossScaler's scale/unscale, DeepSpeed's adjust."""
 
-    def __init__(self, scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
-                 scale_factor, scale_window):
+    def __init__(
+        self,
+        scale_value,
+        hysteresis,
+        consecutive_hysteresis,
+        min_loss_scale,
+        max_loss_scale,
+        scale_factor,
+        scale_window,
+    ):
         super().__init__(scale_value, scale_factor, scale_window)
         del self.counter  # DynamicLossScaler's window counter; the hysteresis state replaces it
-        self._init_state(scale_value, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
-                         scale_factor, scale_window)
+        self._init_state(
+            scale_value,
+            hysteresis,
+            consecutive_hysteresis,
+            min_loss_scale,
+            max_loss_scale,
+            scale_factor,
+            scale_window,
+        )
 
     def adjust(self, grads_finite):
         ops.assign(self.scale_value, self._next_scale(self.scale_value, ops.logical_not(grads_finite)))
@@ -104,13 +135,25 @@ class HysteresisLossScaleManager(LossScaleManager):
     out the update cell (cell engine) or the LossScaler (functional engine). Overflowed updates are
     always dropped."""
 
-    def __init__(self, init_loss_scale: float = 2.0**16, hysteresis: int = 2, consecutive_hysteresis: bool = False,
-                 min_loss_scale: float = 1.0, max_loss_scale: Optional[float] = 2.0**24, scale_factor: int = 2,
-                 scale_window: int = 1000):
+    def __init__(
+        self,
+        init_loss_scale: float = 2.0**16,
+        hysteresis: int = 2,
+        consecutive_hysteresis: bool = False,
+        min_loss_scale: float = 1.0,
+        max_loss_scale: Optional[float] = 2.0**24,
+        scale_factor: int = 2,
+        scale_window: int = 1000,
+    ):
         self.init_loss_scale = init_loss_scale
-        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
-                            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
-                            scale_factor=scale_factor, scale_window=scale_window)
+        self.options = dict(
+            hysteresis=hysteresis,
+            consecutive_hysteresis=consecutive_hysteresis,
+            min_loss_scale=min_loss_scale,
+            max_loss_scale=max_loss_scale,
+            scale_factor=scale_factor,
+            scale_window=scale_window,
+        )
 
     def get_loss_scale(self):
         return self.init_loss_scale
@@ -119,7 +162,9 @@ class HysteresisLossScaleManager(LossScaleManager):
         return True
 
     def update_loss_scale(self, overflow):
-        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or get_loss_scaler()")
+        raise NotImplementedError(
+            "the scale lives in the compiled step: use get_update_cell() or get_loss_scaler()"
+        )
 
     def get_update_cell(self) -> HysteresisLossScaleUpdateCell:
         return HysteresisLossScaleUpdateCell(self.init_loss_scale, **self.options)

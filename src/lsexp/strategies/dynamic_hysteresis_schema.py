@@ -10,7 +10,7 @@ from typing import List, Optional, Tuple
 
 from lsexp.config.schema import LossScaleConfig
 from lsexp.strategies import Strategy, finite_positive, scale_ok
-from lsexp.strategies.dynamic_schema import dynamic_problems
+from lsexp.strategies.dynamic_schema import Dynamic, dynamic_problems
 
 
 @dataclass
@@ -25,13 +25,10 @@ class HysteresisLossScaleConfig(LossScaleConfig):
     scale_window: int = 1000
 
 
-class Hysteresis(Strategy):
-    name = "dynamic_hysteresis"
-    changes = True
+class Hysteresis(Dynamic):
+    """Dynamic, with DeepSpeed's hysteresis and floor, Apex's cap, and its own scaler."""
 
-    @property
-    def scale(self) -> float:
-        return float(self.config.init_loss_scale)
+    name = "dynamic_hysteresis"
 
     @property
     def floor(self) -> Optional[float]:
@@ -40,18 +37,26 @@ class Hysteresis(Strategy):
     def problems(self, cfg) -> List[str]:
         ls, p = self.config, dynamic_problems(self.config)
         if ls.hysteresis < 1:
-            p.append(f"loss_scale.hysteresis={ls.hysteresis}: must be >= 1 (1 backs off at every overflow); e.g. 2")
+            p.append(
+                f"loss_scale.hysteresis={ls.hysteresis}: must be >= 1 (1 backs off at every overflow); e.g. 2"
+            )
         if not finite_positive(ls.min_loss_scale):
             p.append(f"loss_scale.min_loss_scale={ls.min_loss_scale}: must be a finite number > 0; e.g. 1")
-        elif ls.max_loss_scale is not None and not (finite_positive(ls.max_loss_scale)
-                                                    and ls.max_loss_scale >= ls.min_loss_scale):
-            p.append(f"loss_scale.max_loss_scale={ls.max_loss_scale}: must be a finite number >= loss_scale."
-                     f"min_loss_scale={ls.min_loss_scale}, or null for no cap; e.g. 16777216")
+        elif ls.max_loss_scale is not None and not (
+            finite_positive(ls.max_loss_scale) and ls.max_loss_scale >= ls.min_loss_scale
+        ):
+            p.append(
+                f"loss_scale.max_loss_scale={ls.max_loss_scale}: must be a finite number >= loss_scale."
+                f"min_loss_scale={ls.min_loss_scale}, or null for no cap; e.g. 16777216"
+            )
         elif scale_ok(ls.init_loss_scale) and not (
-                ls.min_loss_scale <= ls.init_loss_scale <= (ls.max_loss_scale or math.inf)):
-            p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must lie between loss_scale.min_loss_scale="
-                     f"{ls.min_loss_scale} and loss_scale.max_loss_scale={ls.max_loss_scale}")
-        return p + super().problems(cfg)
+            ls.min_loss_scale <= ls.init_loss_scale <= (ls.max_loss_scale or math.inf)
+        ):
+            p.append(
+                f"loss_scale.init_loss_scale={ls.init_loss_scale}: must lie between loss_scale."
+                f"min_loss_scale={ls.min_loss_scale} and loss_scale.max_loss_scale={ls.max_loss_scale}"
+            )
+        return p + Strategy.problems(self, cfg)  # the optimizer.loss_scale check; the dynamic keys are above
 
     def scaler(self):
         from hydra.utils import instantiate

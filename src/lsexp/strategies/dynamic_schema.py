@@ -23,10 +23,14 @@ def dynamic_problems(ls) -> List[str]:
     """The keys every dynamic scaler shares, as MindSpore's managers and DeepSpeed's name them."""
     p = []
     if not scale_ok(ls.init_loss_scale):
-        p.append(f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number >= 1 (MindSpore's "
-                 f"managers refuse less); e.g. 65536")
+        p.append(
+            f"loss_scale.init_loss_scale={ls.init_loss_scale}: must be a finite number >= 1 (MindSpore's "
+            f"managers refuse less); e.g. 65536"
+        )
     if ls.scale_factor <= 1:
-        p.append(f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2")
+        p.append(
+            f"loss_scale.scale_factor={ls.scale_factor}: must be > 1, or the scale never recovers; e.g. 2"
+        )
     if ls.scale_window < 1:
         p.append(f"loss_scale.scale_window={ls.scale_window}: must be >= 1 step; e.g. 2000")
     return p

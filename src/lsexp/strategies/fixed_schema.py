@@ -40,14 +40,18 @@ class Fixed(Strategy):
         ls, opt = self.config, cfg.optimizer.loss_scale
         p = []
         if not scale_ok(ls.loss_scale):
-            p.append(f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number >= 1 (MindSpore's managers "
-                     f"refuse less); e.g. 1024")
+            p.append(
+                f"loss_scale.loss_scale={ls.loss_scale}: must be a finite number >= 1 (MindSpore's managers "
+                f"refuse less); e.g. 1024"
+            )
         if self.drops_overflow or opt is None or not finite_positive(opt):
             return p + super().problems(cfg)
         if finite_positive(ls.loss_scale) and opt != ls.loss_scale:
-            p.append(f"optimizer.loss_scale={opt} with loss_scale={self.name} (loss_scale.loss_scale="
-                     f"{ls.loss_scale}): every update would be scaled by {ls.loss_scale / opt:g}; "
-                     f"set optimizer.loss_scale={ls.loss_scale} or leave it unset")
+            p.append(
+                f"optimizer.loss_scale={opt} with loss_scale={self.name} (loss_scale.loss_scale="
+                f"{ls.loss_scale}): every update would be scaled by {ls.loss_scale / opt:g}; "
+                f"set optimizer.loss_scale={ls.loss_scale} or leave it unset"
+            )
         return p
 
     def scaler(self):

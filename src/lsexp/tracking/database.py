@@ -76,13 +76,19 @@ def check(uri: str, key: str = "tracking.uri") -> None:
         with engine.connect():
             pass
     except sqlalchemy.exc.DBAPIError as err:
-        password = "the password (in the URI, $PGPASSWORD or ~/.pgpass)" if backend(uri) == "postgresql" \
+        password = (
+            "the password (in the URI, $PGPASSWORD or ~/.pgpass)"
+            if backend(uri) == "postgresql"
             else "the password"
-        raise TrackingError(f"{shown}: cannot connect to the database ({_clean(err.orig, uri)}); start it, or "
-                            f"fix the URI's host, port, database or user, or {password}{off}") from None
+        )
+        raise TrackingError(
+            f"{shown}: cannot connect to the database ({_clean(err.orig, uri)}); start it, or "
+            f"fix the URI's host, port, database or user, or {password}{off}"
+        ) from None
     except Exception as err:
-        raise TrackingError(f"{shown}: cannot use the database ({type(err).__name__}: {_clean(err, uri)}); "
-                            f"fix the URI{off}") from None
+        raise TrackingError(
+            f"{shown}: cannot use the database ({type(err).__name__}: {_clean(err, uri)}); fix the URI{off}"
+        ) from None
     finally:
         engine.dispose()
 

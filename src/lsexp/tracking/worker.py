@@ -25,8 +25,15 @@ from pathlib import Path
 from typing import Dict, List, Optional, TextIO
 
 from lsexp.tracking import protocol
-from lsexp.tracking.store import (MAX_METRICS_PER_BATCH, client_for, configured_uri, ensure_experiment, log_params,
-                                  resolve_uri, with_retry)
+from lsexp.tracking.store import (
+    MAX_METRICS_PER_BATCH,
+    client_for,
+    configured_uri,
+    ensure_experiment,
+    log_params,
+    resolve_uri,
+    with_retry,
+)
 from lsexp.tracking.uri import redact, scrub
 
 ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
@@ -154,7 +161,8 @@ class MlflowRun:
         self.client = client_for(uri)
         experiment_id = ensure_experiment(self.client, experiment_name, uri)
         self.run_name = run_name
-        self.run_id = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name).info.run_id
+        run = with_retry(self.client.create_run, experiment_id, tags=tags, run_name=run_name)
+        self.run_id = run.info.run_id
         log_params(self.client, self.run_id, params)
         self.rows: List[dict] = []
         from lsexp.figures import RunFigure
@@ -166,15 +174,30 @@ class MlflowRun:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, float(value), now, row["step"])
-                   for row in rows for key, value in row.items() if key not in ("step", "epoch", "skipped_steps")]
+        metrics = [
+            Metric(key, float(value), now, row["step"])
+            for row in rows
+            for key, value in row.items()
+            if key not in ("step", "epoch", "skipped_steps")
+        ]
         # The UI charts metrics on a linear axis, where 128 vanishes beside 2^24: log2 separates them.
-        metrics += [Metric("loss_scale_log2", math.log2(row["loss_scale"]) if row["loss_scale"] > 0 else float("nan"),
-                           now, row["step"]) for row in rows]
-        metrics += [Metric(key, value, now, e["step"]) for e in epoch_eval
-                    for key, value in e.items() if key not in ("epoch", "step")]
+        metrics += [
+            Metric(
+                "loss_scale_log2",
+                math.log2(row["loss_scale"]) if row["loss_scale"] > 0 else float("nan"),
+                now,
+                row["step"],
+            )
+            for row in rows
+        ]
+        metrics += [
+            Metric(key, value, now, e["step"])
+            for e in epoch_eval
+            for key, value in e.items()
+            if key not in ("epoch", "step")
+        ]
         for i in range(0, len(metrics), MAX_METRICS_PER_BATCH):
-            with_retry(self.client.log_batch, self.run_id, metrics=metrics[i:i + MAX_METRICS_PER_BATCH])
+            with_retry(self.client.log_batch, self.run_id, metrics=metrics[i : i + MAX_METRICS_PER_BATCH])
         self.rows += rows
 
     def finish(self, out_dir: Path, status: str, error: Optional[str]) -> None:
@@ -184,15 +207,30 @@ class MlflowRun:
         try:
             summary = _read_json(out_dir / "summary.json")
             now, step = int(time.time() * 1000), summary.get("steps", 0)
-            metrics = [Metric(key, float(summary[key]), now, step)
-                       for key in ("skipped_steps", "final_loss", "final_loss_scale", "steps_per_second", "reference_loss",
-                                   "diverged_at_step", "collapsed_at_step") if summary.get(key) is not None]
+            metrics = [
+                Metric(key, float(summary[key]), now, step)
+                for key in (
+                    "skipped_steps",
+                    "final_loss",
+                    "final_loss_scale",
+                    "steps_per_second",
+                    "reference_loss",
+                    "diverged_at_step",
+                    "collapsed_at_step",
+                )
+                if summary.get(key) is not None
+            ]
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
-            tags = [RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
-                    RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower())]
+            tags = [
+                RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
+                RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower()),
+            ]
             if error:
-                tags += [RunTag("lsexp.error", error[:5000]), RunTag("mlflow.note.content", f"Run failed: {error[:5000]}")]
+                tags += [
+                    RunTag("lsexp.error", error[:5000]),
+                    RunTag("mlflow.note.content", f"Run failed: {error[:5000]}"),
+                ]
             with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
             if self.rows:
                 self.figure.save(self.rows, out_dir / "loss_scale.png")
@@ -236,7 +274,9 @@ def serve(lines) -> int:
             msg = protocol.decode(line)
             if isinstance(msg, protocol.Open):
                 out_dir, uri = Path(msg.out_dir), msg.uri
-                run = MlflowRun(msg.uri, msg.start_dir, msg.experiment_name, msg.run_name, msg.tags, msg.params)
+                run = MlflowRun(
+                    msg.uri, msg.start_dir, msg.experiment_name, msg.run_name, msg.tags, msg.params
+                )
             elif isinstance(msg, protocol.Steps):
                 run.log_steps(msg.rows, msg.epoch_eval)
             elif isinstance(msg, protocol.Finish):
@@ -252,8 +292,11 @@ def serve(lines) -> int:
             print(f"lsexp: tracking error: {scrub(_one_line(err), configured_uri(uri))}", file=sys.stderr)
             code = 1
     if code and out_dir is not None:  # here, not in the job, which may have handed the run over
-        print(f"lsexp: tracking error: tracking.uri={redact(configured_uri(uri))}: the run was not fully logged "
-              f"to MLflow (see the line above); its records are in {out_dir}", file=sys.stderr)
+        print(
+            f"lsexp: tracking error: tracking.uri={redact(configured_uri(uri))}: the run was not "
+            f"fully logged to MLflow (see the line above); its records are in {out_dir}",
+            file=sys.stderr,
+        )
     return code
 
 

@@ -19,16 +19,20 @@ def resume(step_cell, path: str, strategy, engine: str) -> tuple[int, int]:
     missing = [name for name in missing if name != "lsexp_scale_used"]  # scratch, rewritten every step
     lost_state = [name for name in strategy.state_names(engine) if name in missing]
     if lost_state:
-        raise ConfigError([
-            f"train.resume={path}: the checkpoint lacks {', '.join(lost_state[:3])}, the state of loss_scale="
-            f"{strategy.name} under engine={engine}; it was saved with another loss_scale or engine, so resume "
-            f"with the config it was saved with"
-        ])
+        raise ConfigError(
+            [
+                f"train.resume={path}: the checkpoint lacks {', '.join(lost_state[:3])}, the state "
+                f"of loss_scale={strategy.name} under engine={engine}; it was saved with another "
+                f"loss_scale or engine, so resume with the config it was saved with"
+            ]
+        )
     if missing:
-        raise ConfigError([
-            f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved by a different "
-            f"model, loss_scale or engine, so resume with the config it was saved with"
-        ])
+        raise ConfigError(
+            [
+                f"train.resume={path}: the checkpoint lacks {', '.join(missing[:3])}; it was saved "
+                f"by a different model, loss_scale or engine, so resume with the config it was saved with"
+            ]
+        )
     return int(step_cell.lsexp_step.asnumpy()), int(params["lsexp_skipped_steps"].asnumpy())
 
 
@@ -37,5 +41,3 @@ def save(step_cell, path: Path, step: int, skipped: int) -> None:
 
     step_cell.lsexp_step.set_data(ms.Tensor(step, ms.int32))
     ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
-
-

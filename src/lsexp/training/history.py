@@ -16,11 +16,15 @@ class History:
     """Every step of a run, kept on the host; written out even when the run is interrupted."""
 
     rows: List[Dict[str, float]] = field(default_factory=list)
-    epoch_eval: List[Dict[str, float]] = field(default_factory=list)  # {"epoch", "step", "eval_accuracy", "eval_loss"}
+    epoch_eval: List[Dict[str, float]] = field(
+        default_factory=list
+    )  # {"epoch", "step", "eval_accuracy", "eval_loss"}
     on_epoch: Optional[Callable[["History"], None]] = None  # e.g. stream to the tracker between epochs
 
     def write_csv(self, path: Path) -> None:
-        columns = list(HISTORY_COLUMNS) + [k for k in (self.rows[0] if self.rows else {}) if k not in HISTORY_COLUMNS]
+        columns = list(HISTORY_COLUMNS) + [
+            k for k in (self.rows[0] if self.rows else {}) if k not in HISTORY_COLUMNS
+        ]
         with open(path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
@@ -29,7 +33,7 @@ class History:
 
 def read_history(path: Path) -> List[Dict[str, float]]:
     with open(path, newline="") as f:
-        return [{k: int(v) if k in INTEGER_COLUMNS else float(v) for k, v in row.items()}
-                for row in csv.DictReader(f)]
-
-
+        return [
+            {k: int(v) if k in INTEGER_COLUMNS else float(v) for k, v in row.items()}
+            for row in csv.DictReader(f)
+        ]

@@ -88,15 +88,37 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         from lsexp.training.telemetry import GradientProbe
 
         probe = GradientProbe(step_cell.network, step_cell.weights, out_dir)
-    summary = {"run_name": run_name(cfg, strategy.name), "strategy": strategy.name, "amp_level": cfg.amp.level,
-               "device_target": target, "onednn_max_cpu_isa": device.onednn_isa_in_force(),
-               "resumed_from_step": done, "status": "running"}
-    return _Run(cfg=cfg, out_dir=out_dir, history=history, data=data, net=net, step_cell=step_cell, last=last,
-                per_epoch=per_epoch, done=done, skipped=skipped, primary=primary, cpus=decided.affinity_cpu_list,
-                shard=decided.shard, probe=probe, probe_steps=probe_steps, summary=summary,
-                collapse=_CollapseWatch(strategy.floor, cfg.train.collapse_patience),
-                progress=_Progress(cfg, run_name(cfg, strategy.name), done, last, enabled=primary),
-                started=started, step=done)
+    summary = {
+        "run_name": run_name(cfg, strategy.name),
+        "strategy": strategy.name,
+        "amp_level": cfg.amp.level,
+        "device_target": target,
+        "onednn_max_cpu_isa": device.onednn_isa_in_force(),
+        "resumed_from_step": done,
+        "status": "running",
+    }
+    return _Run(
+        cfg=cfg,
+        out_dir=out_dir,
+        history=history,
+        data=data,
+        net=net,
+        step_cell=step_cell,
+        last=last,
+        per_epoch=per_epoch,
+        done=done,
+        skipped=skipped,
+        primary=primary,
+        cpus=decided.affinity_cpu_list,
+        shard=decided.shard,
+        probe=probe,
+        probe_steps=probe_steps,
+        summary=summary,
+        collapse=_CollapseWatch(strategy.floor, cfg.train.collapse_patience),
+        progress=_Progress(cfg, run_name(cfg, strategy.name), done, last, enabled=primary),
+        started=started,
+        step=done,
+    )
 
 
 def _loop(run: _Run) -> None:
@@ -129,8 +151,14 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         device.bind_threads(list(run.cpus))
     loss, overflow, scale, skip, params_finite = values[:5]
     run.skipped += int(skip)
-    row = {"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale, "overflow": int(overflow),
-           "skipped_steps": run.skipped}
+    row = {
+        "step": step,
+        "epoch": epoch + 1,
+        "loss": loss,
+        "loss_scale": scale,
+        "overflow": int(overflow),
+        "skipped_steps": run.skipped,
+    }
     if len(values) > 5:
         row.update(zip(TELEMETRY, values[5:]))
     run.history.rows.append(row)
@@ -230,8 +258,7 @@ class _Progress:
         if cfg.train.progress and enabled:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=last, initial=done, desc=name, unit="step", leave=False,
-                            dynamic_ncols=True)
+            self.bar = tqdm(total=last, initial=done, desc=name, unit="step", leave=False, dynamic_ncols=True)
 
     def update(self, loss: float, scale: float) -> None:
         if self.bar is not None:

@@ -97,8 +97,11 @@ def _plot_histogram(path: str, hist: np.ndarray, step: int, scale: float, total:
     fig.subplots_adjust(left=0.08, right=0.98, top=0.9, bottom=0.14)
     ax.bar(BINS[:-1] + 0.5, hist / max(total, 1), width=1.0, color="tab:blue")
     shift = math.log2(scale)
-    for x, label, style in ((-24, "2⁻²⁴ (float16's smallest)", ":"), (-24 - shift, "2⁻²⁴/S: lost below", "--"),
-                            (math.log2(FP16_MAX) - shift, "65504/S: overflows above", "-")):
+    for x, label, style in (
+        (-24, "2⁻²⁴ (float16's smallest)", ":"),
+        (-24 - shift, "2⁻²⁴/S: lost below", "--"),
+        (math.log2(FP16_MAX) - shift, "65504/S: overflows above", "-"),
+    ):
         ax.axvline(x, color="tab:red", linestyle=style, linewidth=1, label=label)
     if hist.any():  # every element may have overflowed, leaving nothing finite to count
         ax.set_yscale("log")

@@ -73,8 +73,19 @@ def write(study: str, client, children, labels: Sequence[str], out: Path) -> Lis
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lsexp-study-") as downloads:
-        runs = [StudyRun(client, c.info.run_id, label, c.info.status, dict(c.data.params), dict(c.data.metrics),
-                         dict(c.data.tags), Path(downloads)) for c, label in zip(children, labels)]
+        runs = [
+            StudyRun(
+                client,
+                c.info.run_id,
+                label,
+                c.info.status,
+                dict(c.data.params),
+                dict(c.data.metrics),
+                dict(c.data.tags),
+                Path(downloads),
+            )
+            for c, label in zip(children, labels)
+        ]
         rows, columns = module.table(runs)
         write_table(out / study, rows, columns, cell=_cell)
         plt = pyplot()

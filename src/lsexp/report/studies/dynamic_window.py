@@ -15,8 +15,17 @@ from typing import List, Tuple
 
 from lsexp.report.studies import StudyRun, log2
 
-COLUMNS = ["strategy", "scale_window", "scale_factor", "initial_backoff_skipped", "later_overflows", "steps_at_each_scale",
-           "recovery_after_bursts", "final_loss_scale", "eval_accuracy"]
+COLUMNS = [
+    "strategy",
+    "scale_window",
+    "scale_factor",
+    "initial_backoff_skipped",
+    "later_overflows",
+    "steps_at_each_scale",
+    "recovery_after_bursts",
+    "final_loss_scale",
+    "eval_accuracy",
+]
 
 
 def bursts(steps: List[int]) -> List[Tuple[int, int]]:
@@ -65,32 +74,49 @@ def table(runs: List[StudyRun]):
         for first, last in bursts(sorted(injected)):
             n = recovery(scale, first, last)
             before = scale.get(first - 1)
-            recoveries.append(f"{first}-{last} from 2^{int(log2(before))}: " + (f"{n} steps below" if n is not None
-                                                                                 else "not within the run")
-                              if before else f"{first}-{last}: -")
-        rows.append({"strategy": run.strategy, "scale_window": int(run.param("loss_scale.scale_window")),
-                     "scale_factor": int(run.param("loss_scale.scale_factor")),
-                     "initial_backoff_skipped": backoff, "later_overflows": later,
-                     "steps_at_each_scale": " ".join(f"2^{k}:{n}" for k, n in sorted(at_scale.items())),
-                     "recovery_after_bursts": "; ".join(recoveries),
-                     "final_loss_scale": run.metrics.get("final_loss_scale", float("nan")),
-                     "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
-                     "_run": run})
+            recoveries.append(
+                f"{first}-{last} from 2^{int(log2(before))}: "
+                + (f"{n} steps below" if n is not None else "not within the run")
+                if before
+                else f"{first}-{last}: -"
+            )
+        rows.append(
+            {
+                "strategy": run.strategy,
+                "scale_window": int(run.param("loss_scale.scale_window")),
+                "scale_factor": int(run.param("loss_scale.scale_factor")),
+                "initial_backoff_skipped": backoff,
+                "later_overflows": later,
+                "steps_at_each_scale": " ".join(f"2^{k}:{n}" for k, n in sorted(at_scale.items())),
+                "recovery_after_bursts": "; ".join(recoveries),
+                "final_loss_scale": run.metrics.get("final_loss_scale", float("nan")),
+                "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
+                "_run": run,
+            }
+        )
     rows.sort(key=lambda r: (r["strategy"], r["scale_factor"], r["scale_window"]))
     return rows, COLUMNS
 
 
 def figure(plt, runs: List[StudyRun], rows):
     panels = sorted({(r["strategy"], r["scale_factor"]) for r in rows})
-    fig, axes = plt.subplots(len(panels), 1, sharex=True, sharey=True, figsize=(10, 3.2 * len(panels)),
-                             squeeze=False)
-    fig.subplots_adjust(left=0.08, right=0.98, top=1 - 0.25 / len(panels), bottom=0.3 / len(panels), hspace=0.15)
+    fig, axes = plt.subplots(
+        len(panels), 1, sharex=True, sharey=True, figsize=(10, 3.2 * len(panels)), squeeze=False
+    )
+    fig.subplots_adjust(
+        left=0.08, right=0.98, top=1 - 0.25 / len(panels), bottom=0.3 / len(panels), hspace=0.15
+    )
     for ax, (strategy, factor) in zip(axes[:, 0], panels):
         for row in (r for r in rows if (r["strategy"], r["scale_factor"]) == (strategy, factor)):
             scale = row["_run"].history("loss_scale")
             steps = sorted(scale)
-            ax.plot(steps, [log2(scale[s]) for s in steps], drawstyle="steps-post", linewidth=1.2,
-                    label=f"scale_window {row['scale_window']}")
+            ax.plot(
+                steps,
+                [log2(scale[s]) for s in steps],
+                drawstyle="steps-post",
+                linewidth=1.2,
+                label=f"scale_window {row['scale_window']}",
+            )
             for first, last in bursts(_injected(row["_run"])):
                 ax.axvspan(first - 0.5, last + 0.5, color="tab:red", alpha=0.25)
         ax.set_ylabel(f"log2 scale\n{strategy}, factor {factor}", fontsize=8)

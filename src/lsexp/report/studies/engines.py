@@ -66,12 +66,16 @@ def figure(plt, runs: List[StudyRun], rows):
     fig.subplots_adjust(left=0.06, right=0.99, top=0.87, bottom=0.09, hspace=0.12, wspace=0.3)
     for col, row in enumerate(rows):
         ax_loss, ax_scale = axes[0][col], axes[1][col]
-        for run, style in zip(row["_pair"], (dict(linewidth=2.5, alpha=0.4), dict(linewidth=1, linestyle="--"))):
+        for run, style in zip(
+            row["_pair"], (dict(linewidth=2.5, alpha=0.4), dict(linewidth=1, linestyle="--"))
+        ):
             loss, scale = run.history("loss"), run.history("loss_scale")
             steps = sorted(loss)
             ax_loss.plot(steps, [loss[s] for s in steps], label=_engine(run), **style)
             ax_scale.plot(steps, [log2(scale[s]) for s in steps], drawstyle="steps-post", **style)
-        ax_loss.set_title(f"{row['strategy']}\nidentical: {row['same_scales'] and row['same_overflows']}", fontsize=9)
+        ax_loss.set_title(
+            f"{row['strategy']}\nidentical: {row['same_scales'] and row['same_overflows']}", fontsize=9
+        )
         ax_scale.set_xlabel("step")
     axes[0][0].set_ylabel("loss")
     axes[1][0].set_ylabel("log2 loss scale")

@@ -12,6 +12,7 @@ from typing import Dict, List
 
 from lsexp.figures import smoothed
 from lsexp.report.studies import StudyRun
+from lsexp.strategies.none_schema import NoScaling
 
 COLUMNS = ["choices", "eval_accuracy", "final_loss", "skipped_steps", "step1_zero_fraction",
            "mean_zero_fraction", "lost_at_step1"]
@@ -32,11 +33,18 @@ def table(runs: List[StudyRun]):
     # The reference is a scaled run whose step 1 did not overflow (dynamic's 2^24 usually does).
     scaled: Dict[str, float] = {}
     for row in rows:
-        if row["strategy"] != "none" and not row["step1_overflow"] and row["step1_zero_fraction"] == row["step1_zero_fraction"]:
+        if (
+            row["strategy"] != NoScaling.name
+            and not row["step1_overflow"]
+            and row["step1_zero_fraction"] == row["step1_zero_fraction"]
+        ):
             scaled[row["setting"]] = min(scaled.get(row["setting"], 1.0), row["step1_zero_fraction"])
     for row in rows:
-        row["lost_at_step1"] = (row["step1_zero_fraction"] - scaled[row["setting"]]
-                                if row["strategy"] == "none" and row["setting"] in scaled else "")
+        row["lost_at_step1"] = (
+            row["step1_zero_fraction"] - scaled[row["setting"]]
+            if row["strategy"] == NoScaling.name and row["setting"] in scaled
+            else ""
+        )
     return rows + _means(rows), COLUMNS
 
 
@@ -48,10 +56,20 @@ def _means(rows) -> List[dict]:
             mine = [r for r in rows if r["panel"] == panel and r["strategy"] == strategy]
             if len(mine) < 2:
                 continue
-            mean = {"choices": f"mean of {len(mine)} seeds: {panel} {strategy}", "panel": panel, "strategy": strategy,
-                    "mean": True}
-            for key in ("eval_accuracy", "final_loss", "skipped_steps", "step1_zero_fraction", "mean_zero_fraction",
-                        "lost_at_step1"):
+            mean = {
+                "choices": f"mean of {len(mine)} seeds: {panel} {strategy}",
+                "panel": panel,
+                "strategy": strategy,
+                "mean": True,
+            }
+            for key in (
+                "eval_accuracy",
+                "final_loss",
+                "skipped_steps",
+                "step1_zero_fraction",
+                "mean_zero_fraction",
+                "lost_at_step1",
+            ):
                 values = [r[key] for r in mine if r[key] != ""]
                 mean[key] = sum(values) / len(values) if values else ""
             out.append(mean)
@@ -72,10 +90,17 @@ def figure(plt, runs: List[StudyRun], rows):
                 continue
             zero, loss = run.history("zero_fraction"), run.history("loss")
             steps = sorted(zero)
-            ax_zero.plot(steps, [zero[s] for s in steps], linewidth=0.8, color=colors[row["strategy"]], alpha=0.7)
+            ax_zero.plot(
+                steps, [zero[s] for s in steps], linewidth=0.8, color=colors[row["strategy"]], alpha=0.7
+            )
             steps = sorted(loss)
-            ax_loss.plot(steps, smoothed([loss[s] for s in steps], max(5, len(steps) // 10)), linewidth=1,
-                         color=colors[row["strategy"]], alpha=0.7)
+            ax_loss.plot(
+                steps,
+                smoothed([loss[s] for s in steps], max(5, len(steps) // 10)),
+                linewidth=1,
+                color=colors[row["strategy"]],
+                alpha=0.7,
+            )
         for i, strategy in enumerate(strategies):
             accs = [r["eval_accuracy"] for r in per_run if r["panel"] == panel and r["strategy"] == strategy]
             if accs:

@@ -26,12 +26,18 @@ def table(runs: List[StudyRun]):
     for run in runs:
         zero = run.history("zero_fraction")
         overflow = run.history("overflow")
-        rows.append({"setting": run.label_without("loss_scale.loss_scale"), "log2_scale": log2(float(run.param("loss_scale.loss_scale", "nan"))),
-                     "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
-                     "final_loss": run.metrics.get("final_loss", float("nan")),
-                     "skipped_fraction": _mean(overflow.values()),
-                     "step1_zero_fraction": zero.get(1, float("nan")), "mean_zero_fraction": _mean(zero.values()),
-                     "mean_underflow_fraction": _mean(run.history("underflow_fraction").values())})
+        rows.append(
+            {
+                "setting": run.label_without("loss_scale.loss_scale"),
+                "log2_scale": log2(float(run.param("loss_scale.loss_scale", "nan"))),
+                "eval_accuracy": run.metrics.get("eval_accuracy", float("nan")),
+                "final_loss": run.metrics.get("final_loss", float("nan")),
+                "skipped_fraction": _mean(overflow.values()),
+                "step1_zero_fraction": zero.get(1, float("nan")),
+                "mean_zero_fraction": _mean(zero.values()),
+                "mean_underflow_fraction": _mean(run.history("underflow_fraction").values()),
+            }
+        )
     rows.sort(key=lambda r: (r["setting"], r["log2_scale"]))
     return rows, COLUMNS
 
@@ -44,7 +50,7 @@ def figure(plt, runs: List[StudyRun], rows):
         x = [r["log2_scale"] for r in mine]
         # settings that coincide (O2 and O3 of a model without BatchNorm) stay visible: O3 dashed
         style = dict(marker="o", linestyle="--" if "O3" in setting else "-")
-        line, = ax_acc.plot(x, [r["eval_accuracy"] for r in mine], label=setting, **style)
+        (line,) = ax_acc.plot(x, [r["eval_accuracy"] for r in mine], label=setting, **style)
         ax_skip.plot(x, [r["skipped_fraction"] for r in mine], color=line.get_color(), **style)
         ax_zero.plot(x, [r["step1_zero_fraction"] for r in mine], color=line.get_color(), **style)
     ax_acc.set_ylabel("final eval accuracy")

@@ -69,9 +69,18 @@ def figure(plt, runs: List[StudyRun], rows):
     for ax, workload in zip(axes[0], workloads):
         for row in (r for r in rows if r["workload"] == workload):
             edges, counts, total = row["_hist"]
-            ax.step([e + 0.5 for e in edges], [c / total for c in counts], where="mid", label=f"step {row['step']}")
-            ax_lost.plot(EXPONENTS, [max(row[f"lost_at_2^{k}"], 1e-9) for k in EXPONENTS], marker="o",
-                         label=f"{workload}, step {row['step']}")
+            ax.step(
+                [e + 0.5 for e in edges],
+                [c / total for c in counts],
+                where="mid",
+                label=f"step {row['step']}",
+            )
+            ax_lost.plot(
+                EXPONENTS,
+                [max(row[f"lost_at_2^{k}"], 1e-9) for k in EXPONENTS],
+                marker="o",
+                label=f"{workload}, step {row['step']}",
+            )
         ax.axvline(SMALLEST, color="tab:red", linestyle=":", linewidth=1, label="2⁻²⁴")
         ax.set_yscale("log")
         ax.set_xlim(-60, 5)

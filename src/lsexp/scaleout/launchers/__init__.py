@@ -73,15 +73,19 @@ def problem(config: DictConfig) -> Optional[str]:
         delay = launcher.get("signal_delay_s")
         if delay is not None and timeout_min * 60 <= 2 * delay:
             # Slurm would send USR2 before the job has even started, before submitit's handler exists.
-            return (f"hydra.launcher.timeout_min={timeout_min}: Slurm signals a job signal_delay_s={delay} s "
-                    f"before its time limit, so {timeout_min * 60} s leaves it no time to run; set timeout_min "
-                    f"to at least {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s")
+            return (
+                f"hydra.launcher.timeout_min={timeout_min}: Slurm signals a job signal_delay_s={delay} s "
+                f"before its time limit, so {timeout_min * 60} s leaves it no time to run; set timeout_min "
+                f"to at least {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s"
+            )
         if option == "submitit_slurm":
             import shutil
 
             if shutil.which("sbatch") is None:
-                return ("hydra/launcher=submitit_slurm: Slurm's sbatch is not on PATH; run the sweep on a "
-                        "machine that submits to Slurm, or use hydra/launcher=submitit_local")
+                return (
+                    "hydra/launcher=submitit_slurm: Slurm's sbatch is not on PATH; run the sweep on a "
+                    "machine that submits to Slurm, or use hydra/launcher=submitit_local"
+                )
     return None
 
 
@@ -129,9 +133,9 @@ def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: floa
 
     if not lost or config.tracking.backend != "mlflow":
         return
+    from lsexp.tracking.run import PARENT_FILE
     from lsexp.tracking.store import client_for, resolve_uri, with_retry
     from lsexp.tracking.uri import redact
-    from lsexp.tracking.run import PARENT_FILE
 
     parent_file = Path(str(config.hydra.sweep.dir)) / PARENT_FILE
     if not parent_file.exists():
@@ -143,14 +147,24 @@ def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: floa
     query = f"tags.mlflow.parentRunId = '{parent}' and attributes.status = 'RUNNING'"
     deadline = time.time() + grace_s
     while True:
-        running = [r for r in with_retry(client.search_runs, [experiment], query)
-                   if r.data.tags.get("lsexp.overrides") in wanted]
+        running = [
+            r
+            for r in with_retry(client.search_runs, [experiment], query)
+            if r.data.tags.get("lsexp.overrides") in wanted
+        ]
         if not running or time.time() > deadline:
             break
         time.sleep(1)
     for run in running:
-        logging.getLogger(__name__).warning("closing the run %s (%s) of a lost job as KILLED", run.info.run_id,
-                                            run.data.tags.get("lsexp.overrides"))
-        with_retry(client.set_tag, run.info.run_id, "lsexp.error", "the job's process was lost (killed, or its "
-                   "node failed) before its run was closed")
+        logging.getLogger(__name__).warning(
+            "closing the run %s (%s) of a lost job as KILLED",
+            run.info.run_id,
+            run.data.tags.get("lsexp.overrides"),
+        )
+        with_retry(
+            client.set_tag,
+            run.info.run_id,
+            "lsexp.error",
+            "the job's process was lost (killed, or its node failed) before its run was closed",
+        )
         with_retry(client.set_terminated, run.info.run_id, "KILLED")

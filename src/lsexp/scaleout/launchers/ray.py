@@ -21,16 +21,25 @@ from typing import List, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrides, setup_globals
-from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as _PluginLauncher
 from omegaconf import OmegaConf, open_dict
 
+from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as _PluginLauncher
 from lsexp.scaleout.launchers import close_lost_runs, failed
 
 log = logging.getLogger(__name__)
 
 # ray.init refuses these when it connects to an existing cluster
-_NEW_CLUSTER_ONLY = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "include_dashboard",
-                     "dashboard_host", "dashboard_port", "_system_config")
+_NEW_CLUSTER_ONLY = (
+    "num_cpus",
+    "num_gpus",
+    "resources",
+    "labels",
+    "object_store_memory",
+    "include_dashboard",
+    "dashboard_host",
+    "dashboard_port",
+    "_system_config",
+)
 
 
 def init_kwargs(init) -> dict:
@@ -50,6 +59,7 @@ def init_kwargs(init) -> dict:
 def _run_job_in(cwd: str, hydra_context, sweep_config, task_function, singleton_state) -> JobReturn:
     """The plugin's job, from the sweep's start folder: a worker of a cluster started elsewhere
     (`ray start`) has that command's folder, where the sweep's relative paths would go astray."""
+    # private, and the only way: the plugin runs each job through this function and exports none
     from hydra_plugins.hydra_ray_launcher._launcher_util import _run_job
 
     if os.path.isdir(cwd):
@@ -69,8 +79,12 @@ class RayLauncher(_PluginLauncher):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         if not ray.is_initialized():
             kwargs = init_kwargs(self.ray_cfg.init)
-            log.info("Ray: %s", f"connecting to {kwargs['address']}" if kwargs["address"] != "local"
-                     else "starting a local cluster")
+            log.info(
+                "Ray: %s",
+                f"connecting to {kwargs['address']}"
+                if kwargs["address"] != "local"
+                else "starting a local cluster",
+            )
             ray.init(**kwargs)
         log.info(f"Ray Launcher is launching {len(job_overrides)} jobs, sweep output dir: {sweep_dir}")
         remote = ray.remote(**OmegaConf.to_container(self.ray_cfg.remote, resolve=True))(_run_job_in)
@@ -82,21 +96,35 @@ class RayLauncher(_PluginLauncher):
             with open_dict(sweep_config):
                 sweep_config.hydra.job.id = f"job_id_for_{idx}"
                 sweep_config.hydra.job.num = idx
-            refs.append(remote.remote(os.getcwd(), self.hydra_context, sweep_config, self.task_function,
-                                      Singleton.get_state()))
+            refs.append(
+                remote.remote(
+                    os.getcwd(), self.hydra_context, sweep_config, self.task_function, Singleton.get_state()
+                )
+            )
             overrides_of.append(list(overrides))
         results: List[JobReturn] = []
         try:
             for ref, overrides in zip(refs, overrides_of):
                 try:
                     results.append(ray.get(ref))
-                except ray.exceptions.RayError as err:  # the worker died (killed, out of memory) or Ray failed
+                except (
+                    ray.exceptions.RayError
+                ) as err:  # the worker died (killed, out of memory) or Ray failed
                     log.error("job %s: %s", " ".join(overrides), str(err).splitlines()[0])
-                    results.append(failed(overrides, RuntimeError(
-                        f"hydra/launcher=ray: the job {' '.join(overrides)} did not return: {str(err).splitlines()[0]}")))
+                    results.append(
+                        failed(
+                            overrides,
+                            RuntimeError(
+                                f"hydra/launcher=ray: the job {' '.join(overrides)} did not return: "
+                                f"{str(err).splitlines()[0]}"
+                            ),
+                        )
+                    )
         except KeyboardInterrupt:  # stop what still runs: each job then ends its run KILLED
             for ref in refs:
                 ray.cancel(ref)
             raise
-        close_lost_runs(self.config, [o for o, r in zip(overrides_of, results) if r.status != JobStatus.COMPLETED])
+        close_lost_runs(
+            self.config, [o for o, r in zip(overrides_of, results) if r.status != JobStatus.COMPLETED]
+        )
         return results

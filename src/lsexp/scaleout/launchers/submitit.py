@@ -21,9 +21,9 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from hydra.core.singleton import Singleton
 from hydra.core.utils import JobReturn, filter_overrides
-from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
 from omegaconf import OmegaConf
 
+from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
 from lsexp.scaleout.launchers import close_lost_runs, failed
 
 log = logging.getLogger(__name__)
@@ -56,8 +56,12 @@ class _Waiter:
             return self.active
         self.last_squeue = time.time()
         try:
-            out = subprocess.run(["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(job_ids)], capture_output=True,
-                                 text=True, timeout=30)
+            out = subprocess.run(
+                ["squeue", "-h", "-r", "-o", "%i", "-j", ",".join(job_ids)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         if out.returncode != 0 and "Invalid job id" not in out.stderr:
@@ -87,14 +91,23 @@ class _Waiter:
                         try:
                             results[i] = job.results()[0]
                         except Exception as err:  # submitit's UncompletedJobError, FailedJobError
-                            results[i] = failed(overrides[i], RuntimeError(
-                                f"hydra/launcher=submitit_{self.executor}: job {job.job_id} "
-                                f"({' '.join(overrides[i])}) did not return: {str(err).splitlines()[0]}"))
+                            results[i] = failed(
+                                overrides[i],
+                                RuntimeError(
+                                    f"hydra/launcher=submitit_{self.executor}: job {job.job_id} "
+                                    f"({' '.join(overrides[i])}) did not return: {str(err).splitlines()[0]}"
+                                ),
+                            )
                     elif self.lost(job, waiting):
-                        results[i] = failed(overrides[i], RuntimeError(
-                            f"hydra/launcher=submitit_slurm: job {job.job_id} ({' '.join(overrides[i])}) left "
-                            f"Slurm's queue without a result (killed, or its node failed); its log is in "
-                            f"{job.paths.folder}"))
+                        results[i] = failed(
+                            overrides[i],
+                            RuntimeError(
+                                f"hydra/launcher=submitit_slurm: job {job.job_id} "
+                                f"({' '.join(overrides[i])}) left "
+                                f"Slurm's queue without a result (killed, or its node failed); its log is in "
+                                f"{job.paths.folder}"
+                            ),
+                        )
                     if results[i] is not None and results[i].status.name != "COMPLETED":
                         log.error("%s", results[i]._return_value)
                 if any(r is None for r in results):
@@ -122,7 +135,9 @@ class _Launcher(_plugin.BaseSubmititLauncher):
             init_params[f"{self._EXECUTOR}_max_num_timeout"] = params.pop("max_num_timeout")
         executor = submitit.AutoExecutor(cluster=self._EXECUTOR, **init_params)
         base = set(OmegaConf.structured(_plugin.BaseQueueConf).keys())
-        executor.update_parameters(**{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()})
+        executor.update_parameters(
+            **{k if k in base else f"{self._EXECUTOR}_{k}": v for k, v in params.items()}
+        )
         sweep_dir = os.path.abspath(str(self.config.hydra.sweep.dir))
         log.info(f"Submitit '{self._EXECUTOR}' sweep output dir : {self.config.hydra.sweep.dir}")
         os.makedirs(sweep_dir, exist_ok=True)
@@ -132,17 +147,24 @@ class _Launcher(_plugin.BaseSubmititLauncher):
         for idx, overrides in enumerate(job_overrides):
             idx = initial_job_idx + idx
             log.info(f"\t#{idx} : {' '.join(filter_overrides(overrides))}")
-            job_params.append((list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state()))
+            job_params.append(
+                (list(overrides), "hydra.sweep.dir", idx, f"job_id_for_{idx}", Singleton.get_state())
+            )
         jobs = executor.map_array(self, *zip(*job_params))
         log.info("submitted %s", " ".join(j.job_id for j in jobs))
         if self._EXECUTOR == "slurm" and jobs and not _sacct_works(jobs[0].job_id):
             # submitit would call sacct again and again, printing its error and a warning each time,
             # and learn nothing: the jobs' result files and lsexp's queue check tell when they end.
             jobs[0].watcher._make_command = lambda: None
-            log.info("this cluster keeps no accounting (sacct), so a job that leaves the queue without a "
-                     "result is failed after %g s", LOST_AFTER_S)
+            log.info(
+                "this cluster keeps no accounting (sacct), so a job that leaves the queue without a "
+                "result is failed after %g s",
+                LOST_AFTER_S,
+            )
         results = _Waiter(self._EXECUTOR).wait(list(jobs), [list(o) for o in job_overrides])
-        close_lost_runs(self.config, [o for o, r in zip(job_overrides, results) if r.status.name != "COMPLETED"])
+        close_lost_runs(
+            self.config, [o for o, r in zip(job_overrides, results) if r.status.name != "COMPLETED"]
+        )
         return results
 
 
