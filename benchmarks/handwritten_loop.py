@@ -103,8 +103,8 @@ def one_process(variant: str) -> float:
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "ONEDNN_MAX_CPU_ISA"}
-    out = subprocess.run([sys.executable, __file__, "--one", variant], capture_output=True, text=True, env=env,
-                         cwd=Path(__file__).parent)
+    out = subprocess.run([sys.executable, __file__, "--one", variant], capture_output=True, text=True,
+                         env=env, cwd=Path(__file__).parent)
     if out.returncode:
         raise SystemExit(out.stderr[-3000:])
     return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]

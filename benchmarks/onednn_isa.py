@@ -50,7 +50,8 @@ def gain(pairs: int, overrides: list) -> None:
                 ms_per_step[name].append(1000 / summary["steps_per_second"])
                 if not extra:
                     caps.add(summary["onednn_max_cpu_isa"])
-    report(ms_per_step, "null / auto", f"auto ran with {', '.join(map(str, caps))}; {' '.join(overrides) or 'defaults'}")
+    report(ms_per_step, "null / auto",
+           f"auto ran with {', '.join(map(str, caps))}; {' '.join(overrides) or 'defaults'}")
 
 
 def cost(pairs: int) -> None:

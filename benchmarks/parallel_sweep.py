@@ -21,7 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-SWEEP = ["-m", "loss_scale=none,fixed_drop,fixed_nodrop,dynamic", "amp=O2", "tracking=none", "train.progress=false"]
+SWEEP = ["-m", "loss_scale=none,fixed_drop,fixed_nodrop,dynamic", "amp=O2", "tracking=none",
+         "train.progress=false"]
 LAUNCHERS = {"basic": [], "joblib n_jobs=2": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]}
 
 
@@ -42,14 +43,16 @@ def main(pairs: int, overrides) -> None:
         for i in range(pairs):
             for name, extra in LAUNCHERS.items():
                 walls[name].append(timed(cwd, f"{name.split()[0]}{i}", [*extra, *overrides]))
-        same = all(histories(Path(cwd, f"basic{i}")) == histories(Path(cwd, f"joblib{i}")) for i in range(pairs))
+        same = all(histories(Path(cwd, f"basic{i}")) == histories(Path(cwd, f"joblib{i}"))
+                   for i in range(pairs))
         jobs = len(histories(Path(cwd, "basic0")))
     for name, times in walls.items():
         print(f"{name:<16} median {statistics.median(times):.1f} s  {[round(t, 1) for t in times]}")
     ratios = [b / j for b, j in zip(walls["basic"], walls["joblib n_jobs=2"])]
-    print(f"joblib n_jobs=2 is {statistics.median(walls['basic']) / statistics.median(walls['joblib n_jobs=2']):.2f}x "
-          f"faster than basic (per-pair mean {statistics.mean(ratios):.2f}x, {pairs} pairs, {jobs} jobs each); "
-          f"histories identical: {same}")
+    print("joblib n_jobs=2 is "
+          f"{statistics.median(walls['basic']) / statistics.median(walls['joblib n_jobs=2']):.2f}x "
+          f"faster than basic (per-pair mean {statistics.mean(ratios):.2f}x, {pairs} pairs, "
+          f"{jobs} jobs each); histories identical: {same}")
 
 
 if __name__ == "__main__":

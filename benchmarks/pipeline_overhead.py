@@ -51,7 +51,8 @@ def mnist_arrays(path, num_classes=10, **_):
     def split(prefix):
         images = np.fromfile(Path(path) / f"{prefix}-images-idx3-ubyte", dtype=np.uint8)[16:]
         labels = np.fromfile(Path(path) / f"{prefix}-labels-idx1-ubyte", dtype=np.uint8)[8:]
-        return images.reshape(-1, 1, 28, 28).astype(np.float32) / (255 * STD) - MEAN / STD, labels.astype(np.int64)
+        return (images.reshape(-1, 1, 28, 28).astype(np.float32) / (255 * STD) - MEAN / STD,
+                labels.astype(np.int64))
 
     (x, y), (x_val, y_val) = split("train"), split("t10k")
     return Arrays(x, one_hot(y, num_classes), x_val, y_val.astype(np.int32))
@@ -61,8 +62,8 @@ def run(args, cwd, name) -> tuple[dict, float]:
     """The run's summary.json and the peak RSS (MB) of its process tree."""
     with open(Path(cwd) / f"{name}.err", "w+") as err:
         proc = subprocess.Popen([sys.executable, "-m", "lsexp", "tracking=none", "train.progress=false",
-                                 f"hydra.run.dir={name}", *args], cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
-                                env={"PYTHONPATH": str(HERE), **_env()})
+                                 f"hydra.run.dir={name}", *args], cwd=cwd, stdout=subprocess.DEVNULL,
+                                stderr=err, env={"PYTHONPATH": str(HERE), **_env()})
         _, status, usage = os.wait4(proc.pid, 0)  # this run's own rusage: the largest process it waited for
         proc.returncode = os.waitstatus_to_exitcode(status)
         if proc.returncode:
@@ -116,7 +117,8 @@ def cifar_memory(extra: list) -> None:
             summary, peak = run(["dataset=cifar10", f"dataset.path={folder}", "train.epochs=1",
                                  f"dataset.cache={cache}", *extra], cwd, f"cifar-{cache}")
             print(f"cifar10 dataset.cache={cache}, one epoch of {summary['steps']} steps: eval_accuracy "
-                  f"{summary['eval_accuracy']:.3f}, {summary['steps_per_second']:.1f} steps/s, peak RSS {peak:.0f} MB")
+                  f"{summary['eval_accuracy']:.3f}, {summary['steps_per_second']:.1f} steps/s, "
+                  f"peak RSS {peak:.0f} MB")
 
 
 if __name__ == "__main__":

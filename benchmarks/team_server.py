@@ -32,9 +32,10 @@ USER, PASSWORD = "bench", "bench-pw"
 def start_server(db: str, cwd: Path):
     port = pg_cluster.free_port()
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lsexp", "server", "--backend-store-uri", db, "--port", str(port),
-                             "--artifacts-destination", str(cwd / "artifacts")],
-                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, "-m", "lsexp", "server", "--backend-store-uri", db,
+                             "--port", str(port), "--artifacts-destination", str(cwd / "artifacts")],
+                            cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     while True:
         if proc.poll() is not None:
@@ -92,18 +93,20 @@ def main(repeats: int) -> None:
                     proc, url, seconds = start_server(db, cwd)
                     times.append(seconds)
                     if times is existing_db:
-                        subprocess.run([sys.executable, "-m", "lsexp", "train.max_steps=5", "train.progress=false",
-                                        f"tracking.uri={url}"], cwd=cwd, check=True, stdout=subprocess.DEVNULL,
-                                       stderr=subprocess.DEVNULL)
+                        subprocess.run([sys.executable, "-m", "lsexp", "train.max_steps=5",
+                                        "train.progress=false", f"tracking.uri={url}"], cwd=cwd, check=True,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                         memory.append(group_memory_mib(proc.pid))
                     stop_server(proc)
             db = cluster.uri(USER, PASSWORD, "b0")
             check = [float(subprocess.run(
-                [sys.executable, "-c", "import time; t = time.perf_counter(); from lsexp.tracking.store import check_reachable; "
+                [sys.executable, "-c", "import time; t = time.perf_counter(); "
+                 "from lsexp.tracking.store import check_reachable; "
                  f"check_reachable({db!r}); print(time.perf_counter() - t)"],
                 capture_output=True, text=True, check=True).stdout) for _ in range(repeats)]
             wrong = cluster.uri(USER, "wrong", "b0")
-            refused = [timed([sys.executable, "-m", "lsexp", "train.max_steps=2", f"tracking.uri={wrong}"], tmp)
+            refused = [timed([sys.executable, "-m", "lsexp", "train.max_steps=2",
+                              f"tracking.uri={wrong}"], tmp)
                        for _ in range(repeats)]
     finally:
         cluster.stop()

@@ -47,7 +47,8 @@ def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 @pytest.fixture
 def train_run(tmp_path):
-    """Run a composed config in this process through the real training path; returns (summary, history rows, dir)."""
+    """Run a composed config in this process through the real training path;
+    returns (summary, history rows, dir)."""
     from lsexp.app import train_here
     from lsexp.training.history import read_history
 

@@ -28,7 +28,8 @@ _BLOCK = 4
 def _prototypes(rng: np.random.Generator, classes: int, shape: tuple[int, ...]) -> np.ndarray:
     """One blocky uint8 pattern per class, of shape (classes, *shape) with shape = (H, W, ...)."""
     h, w, *rest = shape
-    coarse = rng.integers(0, _PROTO_MAX, size=(classes, -(-h // _BLOCK), -(-w // _BLOCK), *rest), dtype=np.uint8)
+    coarse = rng.integers(0, _PROTO_MAX, size=(classes, -(-h // _BLOCK), -(-w // _BLOCK), *rest),
+                          dtype=np.uint8)
     fine = coarse.repeat(_BLOCK, axis=1).repeat(_BLOCK, axis=2)
     return np.ascontiguousarray(fine[:, :h, :w])
 
@@ -95,7 +96,8 @@ def write_cifar10(root: Path, seed: int = 0) -> Path:
     return folder
 
 
-def write_image_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16, seed: int = 0) -> Path:
+def write_image_folder(root: Path, classes: int = 3, per_class: int = 20, size: int = 16,
+                       seed: int = 0) -> Path:
     """Write root/class_<i>/<j>.png RGB images (size x size); returns root (ImageFolderDataset's dataset_dir).
 
     ImageFolderDataset orders classes and files by name, so both are zero-padded to keep that order

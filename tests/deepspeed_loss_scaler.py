@@ -42,8 +42,8 @@ class DeepSpeedDynamicLossScaler:
 def scale_column(flags: Sequence[int], *, init_loss_scale, hysteresis, consecutive_hysteresis, min_loss_scale,
                  max_loss_scale, scale_factor, scale_window) -> List[float]:
     """The scale each step uses, for these overflow flags, under lsexp's key names."""
-    scaler = DeepSpeedDynamicLossScaler(init_loss_scale, scale_factor, scale_window, min_loss_scale, hysteresis,
-                                        consecutive_hysteresis, max_loss_scale)
+    scaler = DeepSpeedDynamicLossScaler(init_loss_scale, scale_factor, scale_window, min_loss_scale,
+                                        hysteresis, consecutive_hysteresis, max_loss_scale)
     column = []
     for flag in flags:
         column.append(float(scaler.cur_scale))

@@ -8,8 +8,6 @@ Unix socket in that folder without a password; everyone else over TCP with a pas
 
 from __future__ import annotations
 
-from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
-
 import os
 import shutil
 import subprocess
@@ -17,6 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional
 from urllib.parse import quote
+
+from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
 
 PG_BIN = Path(os.environ.get("LSEXP_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
@@ -53,7 +53,8 @@ class Cluster:
     def _run(self, *cmd: str) -> str:
         out = subprocess.run(self._as_owner(*cmd), capture_output=True, text=True, timeout=120)
         if out.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: exit {out.returncode}: {out.stderr.strip() or out.stdout.strip()}")
+            raise RuntimeError(f"{' '.join(cmd)}: exit {out.returncode}: "
+                               f"{out.stderr.strip() or out.stdout.strip()}")
         return out.stdout
 
     def start(self) -> "Cluster":

@@ -11,8 +11,6 @@ as the munge user (and left running, like the system service it stands in for).
 
 from __future__ import annotations
 
-from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
-
 import os
 import shutil
 import subprocess
@@ -20,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Dict, Optional
+
+from conftest import free_port  # noqa: F401  (the tests call it as <cluster module>.free_port)
 
 DAEMONS = ("slurmctld", "slurmd", "munged")
 CLIENTS = ("sbatch", "squeue", "scancel", "sinfo", "munge")
@@ -29,7 +29,8 @@ def missing() -> Optional[str]:
     """Why a cluster cannot be started here, or None."""
     for tool in DAEMONS + CLIENTS:
         if shutil.which(tool) is None and not Path("/usr/sbin", tool).exists():
-            return (f"Slurm's {tool} is not installed (apt-get install -y slurmctld slurmd slurm-client munge)")
+            return (f"Slurm's {tool} is not installed "
+                    "(apt-get install -y slurmctld slurmd slurm-client munge)")
     if os.geteuid() != 0:
         return "slurmd must run as root to start jobs"
     return None
@@ -129,11 +130,13 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
                 if proc.poll() is not None:
                     raise RuntimeError(f"{proc.args[0]} exited {proc.returncode}: {self.logs()}")
             if time.time() > deadline:
-                raise RuntimeError(f"the node is not idle after {timeout} s (sinfo: {state!r}): {self.logs()}")
+                raise RuntimeError(f"the node is not idle after {timeout} s (sinfo: {state!r}): "
+                                   f"{self.logs()}")
             time.sleep(0.2)
 
     def run(self, *cmd: str, check: bool = True) -> str:
-        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60, env=dict(os.environ, **self.env()))
+        out = subprocess.run(list(cmd), capture_output=True, text=True, timeout=60,
+                             env=dict(os.environ, **self.env()))
         if check and out.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: exit {out.returncode}: {out.stderr.strip()}")
         return out.stdout
@@ -144,7 +147,8 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         return [tuple(line.split()) for line in lines if line.strip()]
 
     def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in sorted((self.root / "log").glob("*")))
+        return "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}"
+                         for p in sorted((self.root / "log").glob("*")))
 
     def stop(self) -> None:
         try:

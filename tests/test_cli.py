@@ -25,36 +25,38 @@ def test_default_command_writes_history_and_summary(tmp_path):
 
 
 def test_console_script_runs(tmp_path):
-    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "train.max_steps=2", "tracking=none", "train.progress=false"], cwd=tmp_path,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "train.max_steps=2", "tracking=none",
+                          "train.progress=false"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
 
 
 def test_built_wheel_carries_the_configs(tmp_path):
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(root)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                    str(root)], check=True, capture_output=True, timeout=300)
     (wheel,) = (tmp_path / "dist").glob("lsexp-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "lsexp/conf/config.yaml" in names and "lsexp/conf/loss_scale/dynamic.yaml" in names
     assert "lsexp/experiments/seed_blog.yaml" in names
     # Installed on its own (ahead of the checkout on sys.path), it composes and runs from its own files.
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site),
+                    str(wheel)], check=True, capture_output=True, timeout=300)
     env = {"PYTHONPATH": str(site)}
     code = "import lsexp.config.paths as p; print(p.conf_dir())"
-    where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                           cwd=tmp_path)
     assert where.stdout.strip() == str(site / "lsexp" / "conf")
-    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=2", "tracking=none", "train.progress=false",
-                  cwd=tmp_path, env=env)
+    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=2", "tracking=none",
+                  "train.progress=false", cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr
     assert len(list(tmp_path.glob("multirun/*/*/*/history.csv"))) == 3
 
 
 @pytest.mark.slow
 def test_seed_blog_full_ten_epochs_per_epoch_loss_matches_the_article(tmp_path):
-    out = run_cli("experiment=seed_blog", "amp=O0", "tracking=none", "train.progress=false", cwd=tmp_path, timeout=1200)
+    out = run_cli("experiment=seed_blog", "amp=O0", "tracking=none", "train.progress=false", cwd=tmp_path,
+                  timeout=1200)
     assert out.returncode == 0, out.stderr
     summaries = [json.loads(p.read_text()) for p in tmp_path.glob("multirun/*/*/*/summary.json")]
     assert sorted(s["strategy"] for s in summaries) == ["dynamic", "fixed_drop", "fixed_nodrop"]

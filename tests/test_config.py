@@ -5,6 +5,7 @@ import sys
 
 import pytest
 
+from conftest import compose_cfg, run_cli
 from lsexp.config import paths
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import known_num_train, total_steps
@@ -18,7 +19,7 @@ def strategy(cfg) -> str:
 
 def optimizer_loss_scale(cfg) -> float:
     return resolve(cfg).optimizer_loss_scale
-from conftest import compose_cfg, run_cli
+
 
 OPTIONS = {
     "model": ["lenet5", "mlp", "resnet"],
@@ -42,7 +43,8 @@ def test_every_option_composes_and_validates(group, option):
 def test_the_transformer_takes_its_task_and_sizes_from_token_data(dataset, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("abcab" * 500, encoding="utf-8")
-    cfg = compose_cfg("model=transformer", f"dataset={dataset}", *([f"dataset.path={text}"] if dataset == "text" else []))
+    cfg = compose_cfg("model=transformer", f"dataset={dataset}",
+                      *([f"dataset.path={text}"] if dataset == "text" else []))
     validate(cfg)
     expected = ("classify", 16, 16, 8) if dataset == "sequence" else ("lm", 3, 3, 64)
     assert (cfg.model.task, cfg.model.vocab_size, cfg.model.num_class, cfg.model.max_len) == expected
@@ -52,13 +54,14 @@ def test_every_family_has_its_schema_beside_its_code():
     from lsexp.config import families
 
     assert set(families.schemas("model")) >= {"lenet5", "mlp", "resnet", "transformer"}
-    assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder", "text",
-                                                "sequence"}
+    assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder",
+                                                "text", "sequence"}
     assert set(families.schemas("loss_scale")) == {"none", "fixed", "dynamic", "dynamic_hysteresis"}
     for group in families.PACKAGES:
         for name, module in families.schemas(group).items():
             # each family has a YAML option that builds on its schema (fixed: fixed_drop and fixed_nodrop)
-            options = [p for p in (paths.conf_dir() / group).glob("*.yaml") if f"base_{name}]" in p.read_text()]
+            options = [p for p in (paths.conf_dir() / group).glob("*.yaml")
+                       if f"base_{name}]" in p.read_text()]
             assert options, name
             assert families.of(group, module.SCHEMA._target_) is module
 
@@ -169,7 +172,8 @@ def test_validation_does_not_import_mindspore():
 
 
 @pytest.mark.parametrize("args,keys", [
-    (["loss_scale=fixed_nodrop", "optimizer.loss_scale=1"], ["optimizer.loss_scale", "loss_scale.loss_scale"]),
+    (["loss_scale=fixed_nodrop", "optimizer.loss_scale=1"],
+     ["optimizer.loss_scale", "loss_scale.loss_scale"]),
     (["device=gpu"], ["device.device_target=GPU"]),
 ])
 def test_cli_config_error_is_one_line_and_writes_nothing(tmp_path, args, keys):
@@ -192,7 +196,8 @@ def test_cli_unknown_option_lists_hydra_options(tmp_path):
 
 def test_a_workload_picks_the_model_and_the_data_set_and_the_command_line_still_wins():
     cfg = compose_cfg("workload=resnet8_digits")
-    assert cfg.model._target_.endswith("ResNet") and cfg.model.depth == 8 and cfg.dataset._target_.endswith("digits")
+    assert (cfg.model._target_.endswith("ResNet") and cfg.model.depth == 8
+            and cfg.dataset._target_.endswith("digits"))
     assert compose_cfg("workload=resnet8_digits", "model.depth=14").model.depth == 14
 
 
@@ -207,11 +212,14 @@ def test_every_study_composes_validates_and_names_its_report(study):
 
 
 def test_an_unknown_study_is_one_line_naming_the_choices():
-    with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of dynamic_window, engines, none_vs_scaled"):
+    with pytest.raises(ConfigError, match=r"study=nope: no such study; "
+                                          r"use one of dynamic_window, engines, none_vs_scaled"):
         validate(compose_cfg("study=nope"))
 
 
 def test_an_experiment_sets_plain_keys_of_the_primary_config_too():
     # The primary config's own keys (inject) come first, so an experiment's values win over them.
-    assert list(compose_cfg("experiment=dynamic_window").inject.overflow_steps) == [801, 802, 803, 1601, 1602, 1603]
-    assert list(compose_cfg("experiment=dynamic_window", "inject.overflow_steps=[5]").inject.overflow_steps) == [5]
+    assert list(compose_cfg("experiment=dynamic_window").inject.overflow_steps) == [
+        801, 802, 803, 1601, 1602, 1603]
+    assert list(compose_cfg("experiment=dynamic_window",
+                            "inject.overflow_steps=[5]").inject.overflow_steps) == [5]

@@ -79,11 +79,13 @@ def test_resumed_and_sharded_slices_are_the_pipelines_batches(data_args):
     assert (memory.cache, stream.cache) == ("memory", "stream")
     sharded = OmegaConf.create({**OmegaConf.to_container(d, resolve=True), "num_shards": 2, "shard_id": 1,
                                 "drop_remainder": True})  # as data parallel's rank 1 of 2 sees it
-    for d_, epoch, start in ((d, 0, 0), (d, 1, 3), (sharded, 2, 1)):  # a fresh epoch, a resume, one rank's slice
+    # a fresh epoch, a resume, one rank's slice
+    for d_, epoch, start in ((d, 0, 0), (d, 1, 3), (sharded, 2, 1)):
         ours, theirs = _batches(memory, d_, epoch, start), _batches(stream, d_, epoch, start)
         assert len(ours) == len(theirs) > 0
         for (x, y), (x_, y_) in zip(ours, theirs):
-            assert x.dtype == x_.dtype and y.dtype == y_.dtype and np.array_equal(x, x_) and np.array_equal(y, y_)
+            assert (x.dtype == x_.dtype and y.dtype == y_.dtype
+                    and np.array_equal(x, x_) and np.array_equal(y, y_))
     for (x, y), (x_, y_) in zip(memory.eval_batches(16), stream.eval_batches(16), strict=True):
         assert np.array_equal(x.asnumpy(), x_.asnumpy()) and np.array_equal(y, y_)
 
@@ -91,14 +93,16 @@ def test_resumed_and_sharded_slices_are_the_pipelines_batches(data_args):
 def test_the_lookup_is_what_the_transforms_make_of_any_image():
     from mindspore.dataset import vision
 
-    from lsexp.datasets.kinds import _lookup_table
     from lsexp.datasets import cifar10, mnist
+    from lsexp.datasets.kinds import _lookup_table
 
     rng = np.random.default_rng(0)
     for each, c in (([vision.Rescale(1.0 / (255 * mnist.STD), -mnist.MEAN / mnist.STD)], 1),
-                    ([vision.Normalize(cifar10.MEAN, cifar10.STD)], 3), ([vision.Rescale(1.0 / 255, 0.0)], 3)):
+                    ([vision.Normalize(cifar10.MEAN, cifar10.STD)], 3),
+                    ([vision.Rescale(1.0 / 255, 0.0)], 3)):
         table = _lookup_table(each, c)
-        for shape in ((1, 1), (15, 15), (7, 13), (28, 28), (32, 32)):  # odd sizes: any vector tail of the kernels
+        # odd sizes: any vector tail of the kernels
+        for shape in ((1, 1), (15, 15), (7, 13), (28, 28), (32, 32)):
             image = rng.integers(0, 256, (*shape, c), dtype=np.uint8)
             assert np.array_equal(table[np.arange(c), image], each[0](image))
 
@@ -112,7 +116,8 @@ def test_auto_reads_into_memory_under_the_limit_and_streams_over_it(mnist_dir, c
     assert (under.cache, over.cache) == ("memory", "stream")
     assert [r.getMessage() for r in caplog.records] == [
         "dataset.cache=auto: 2.3 MB of uint8 records, under dataset.cache_max_mb=1024: read once into memory",
-        "dataset.cache=auto: 2.3 MB of uint8 records, over dataset.cache_max_mb=1: streamed from the files every epoch",
+        "dataset.cache=auto: 2.3 MB of uint8 records, over dataset.cache_max_mb=1: "
+        "streamed from the files every epoch",
     ]
 
 

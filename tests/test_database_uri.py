@@ -18,7 +18,8 @@ URI = f"postgresql://team:{SECRET}%40pw@127.0.0.1:5432/mlflow"
 
 def _driver_missing(module: str):
     return pytest.mark.skipif(importlib.util.find_spec(module) is not None,
-                              reason=f"{module} is installed here; its missing-driver line is checked where it is not "
+                              reason=f"{module} is installed here; its missing-driver line is checked "
+                                     "where it is not "
                                      f"(the default CI suite runs before the postgres extra is installed)")
 
 
@@ -34,7 +35,8 @@ PSYCOPG2_URI = URI.replace("postgresql:", "postgresql+psycopg2:")
 
 
 @pytest.mark.parametrize("uri, fix, mode", [
-    pytest.param(URI, 'pip install -e ".[postgres]"', "run", marks=_driver_missing("psycopg"), id="psycopg-run"),
+    pytest.param(URI, 'pip install -e ".[postgres]"', "run", marks=_driver_missing("psycopg"),
+                 id="psycopg-run"),
     pytest.param(PSYCOPG2_URI, "pip install psycopg2-binary", "run", marks=_driver_missing("psycopg2"),
                  id="psycopg2-run"),
     # a sweep is refused before its sweep folder is made
@@ -44,15 +46,16 @@ PSYCOPG2_URI = URI.replace("postgresql:", "postgresql+psycopg2:")
 def test_a_missing_database_driver_is_one_line_before_training(tmp_path, uri, fix, mode):
     sweep = ["-m", "train.max_steps=2,3"] if mode == "sweep" else ["train.max_steps=2"]
     out = run_cli(*sweep, f"tracking.uri={uri}", cwd=tmp_path, timeout=120)
-    line = _one_line(out, f"lsexp: tracking error: tracking.uri={uri.split('//')[0]}//127.0.0.1:5432/mlflow: ")
+    line = _one_line(out, f"lsexp: tracking error: tracking.uri={uri.split('//')[0]}"
+                          "//127.0.0.1:5432/mlflow: ")
     assert "the database driver is not installed" in line and fix in line
     assert list(tmp_path.iterdir()) == []  # no output or sweep folder, no store
 
 
 def test_server_refuses_what_cannot_be_a_team_store_in_one_line(tmp_path):
     def server(*args):
-        return subprocess.run([sys.executable, "-m", "lsexp", "server", *args], cwd=tmp_path, capture_output=True,
-                              text=True, timeout=60, env=env)
+        return subprocess.run([sys.executable, "-m", "lsexp", "server", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60, env=env)
 
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_BACKEND_STORE_URI"}
 
@@ -81,5 +84,6 @@ def test_redact_drops_credentials(uri, shown):
 
 def test_scrub_drops_a_password_a_message_echoes():
     uri = "postgresql://team:p%40ss-Zq7x@db/mlflow"
-    text = scrub("login for team with p@ss-Zq7x (p%40ss-Zq7x) at postgresql://team:p%40ss-Zq7x@db/mlflow", uri)
+    text = scrub("login for team with p@ss-Zq7x (p%40ss-Zq7x) at postgresql://team:p%40ss-Zq7x@db/mlflow",
+                 uri)
     assert SECRET not in text and "postgresql://db/mlflow" in text

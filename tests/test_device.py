@@ -19,7 +19,8 @@ def test_the_onednn_isa_cap_reaches_onednn_and_a_sweep_cannot_change_it_within_o
     out = run_cli("-m", "device.onednn_max_cpu_isa=avx2,avx", "train.max_steps=2", "tracking=none",
                   "hydra.sweep.dir=sweep", *FAST, cwd=tmp_path, env={"ONEDNN_VERBOSE": "1"})
     assert "isa:Intel AVX2" in out.stdout, out.stdout[-2000:]
-    assert (tmp_path / "sweep/0-device.onednn_max_cpu_isa=avx2,tracking=none,train.max_steps=2/history.csv").exists()
+    assert (tmp_path / "sweep/0-device.onednn_max_cpu_isa=avx2,tracking=none,"
+                       "train.max_steps=2/history.csv").exists()
     # oneDNN has read its cap for the first job; the second is refused in one line, not run with AVX2.
     assert ("lsexp: config error: device.onednn_max_cpu_isa=AVX: this process already runs oneDNN with "
             "onednn_max_cpu_isa=AVX2") in out.stderr
@@ -51,14 +52,17 @@ def test_a_joblib_sweep_binds_each_parallel_job_to_its_own_cores_with_the_basic_
     # 100 steps: binding before MindSpore has started changed the default run's history at step 66
     sweep = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=100", *FAST]
     histories = {}
-    for name, launcher in {"basic": [], "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"]}.items():
+    for name, launcher in {"basic": [], "joblib": ["hydra/launcher=joblib",
+                                                   "hydra.launcher.n_jobs=2"]}.items():
         (tmp_path / name).mkdir()
         out = run_cli(*sweep, *launcher, f"tracking.uri={store(tmp_path / name)}", cwd=tmp_path / name)
         assert out.returncode == 0, out.stderr[-3000:]
         histories[name] = {job.name: (job / "history.csv").read_text() for job in job_dirs(tmp_path / name)}
         _, _, found = runs(store(tmp_path / name))
         assert {r.info.status for r in found} == {"FINISHED"} and len(found) == 3  # the parent and its 2 jobs
-        cpus = sorted(r.data.params["device.affinity_cpu_list"] for r in found if "device.affinity_cpu_list" in r.data.params)
+        cpus = sorted(r.data.params["device.affinity_cpu_list"] for r in found
+                      if "device.affinity_cpu_list" in r.data.params)
         half = len(CORES) // 2
-        assert cpus == (["None", "None"] if name == "basic" else sorted([str(CORES[:half]), str(CORES[half:2 * half])]))
+        assert cpus == (["None", "None"] if name == "basic"
+                        else sorted([str(CORES[:half]), str(CORES[half:2 * half])]))
     assert len(histories["basic"]) == 2 and histories["joblib"] == histories["basic"]

@@ -42,7 +42,8 @@ def test_a_scale_stuck_at_its_floor_collapses_the_run(train_run, engine):
     summary, rows, _ = train_run(f"engine={engine}", "amp=O0", "loss_scale=dynamic_hysteresis",
                                  "loss_scale.hysteresis=1", "loss_scale.init_loss_scale=16",
                                  "loss_scale.min_loss_scale=4", "train.collapse_patience=5",
-                                 f"inject.overflow_steps=[{','.join(map(str, range(5, 30)))}]", "train.max_steps=40")
+                                 f"inject.overflow_steps=[{','.join(map(str, range(5, 30)))}]",
+                                 "train.max_steps=40")
     assert summary["collapsed"] is True and summary["collapsed_at_step"] == 11
     assert [r["loss_scale"] for r in rows[4:]] == [16.0, 8.0] + [4.0] * 5
     assert summary["steps"] == 11 and summary["status"] == "finished" and not summary["diverged"]
@@ -51,9 +52,11 @@ def test_a_scale_stuck_at_its_floor_collapses_the_run(train_run, engine):
 def test_collapse_is_a_result_exit_0_with_a_one_line_diagnosis(tmp_path):
     steps = ",".join(map(str, range(3, 40)))
     result = run_cli("loss_scale=dynamic", "loss_scale.init_loss_scale=4", f"inject.overflow_steps=[{steps}]",
-                     "train.max_steps=60", "tracking=none", "train.progress=false", "hydra.run.dir=run", cwd=tmp_path)
+                     "train.max_steps=60", "tracking=none", "train.progress=false", "hydra.run.dir=run",
+                     cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    diagnosis = [line for line in result.stderr.splitlines() if line.startswith("lsexp: loss scale collapsed")]
+    diagnosis = [line for line in result.stderr.splitlines()
+                 if line.startswith("lsexp: loss scale collapsed")]
     assert len(diagnosis) == 1 and "at its floor 1" in diagnosis[0] and "Traceback" not in result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     # 4 and 2 back off at steps 3 and 4; steps 5..24 overflow at the floor: 20, the default patience.
@@ -62,6 +65,7 @@ def test_collapse_is_a_result_exit_0_with_a_one_line_diagnosis(tmp_path):
 
 def test_a_dynamic_run_that_recovers_does_not_collapse(train_run):
     # At the floor from step 4: 2 overflows, a clean step, 3 overflows: never 4 in a row.
-    summary, rows, _ = train_run("loss_scale=dynamic", "loss_scale.init_loss_scale=4", "train.collapse_patience=4",
-                                 "inject.overflow_steps=[2,3,4,5,7,8,9]", "train.max_steps=12")
+    summary, rows, _ = train_run("loss_scale=dynamic", "loss_scale.init_loss_scale=4",
+                                 "train.collapse_patience=4", "inject.overflow_steps=[2,3,4,5,7,8,9]",
+                                 "train.max_steps=12")
     assert summary["collapsed"] is False and summary["collapsed_at_step"] is None and summary["steps"] == 12

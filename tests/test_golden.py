@@ -32,7 +32,8 @@ EXACT = ("step", "epoch", "loss_scale", "overflow", "skipped_steps")
 
 
 def sweep(out: Path, levels=LEVELS) -> None:
-    """All the runs as one in-process sweep (Hydra's basic launcher), each in out/<engine>-<option>-<level>."""
+    """All the runs as one in-process sweep (Hydra's basic launcher), each in
+    out/<engine>-<option>-<level>."""
     args = [sys.executable, "-m", "lsexp", "-m", f"loss_scale={','.join(OPTIONS)}", f"amp={','.join(levels)}",
             f"engine={','.join(ENGINES)}", *COMMON, f"hydra.sweep.dir={out}",
             "hydra.sweep.subdir=${engine.name}-${hydra:runtime.choices.loss_scale}-${amp.level}"]
@@ -79,7 +80,8 @@ def differences(got: Path, name: str, exact: bool) -> list:
         for key in ("final_loss", "epoch_loss"):
             sa.pop(key, None), sb.pop(key, None)
     if sa != sb:
-        out.append(f"{name}: summary.json differs in {sorted(k for k in sa.keys() | sb.keys() if sa.get(k) != sb.get(k))}")
+        out.append(f"{name}: summary.json differs in "
+                   f"{sorted(k for k in sa.keys() | sb.keys() if sa.get(k) != sb.get(k))}")
     return out
 
 

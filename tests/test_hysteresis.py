@@ -68,7 +68,8 @@ def test_scale_column_of_a_1000_step_run_equals_deepspeed(train_run):
     # engine=functional runs the same state machine (HysteresisLossScaler); test_engines holds it to this one.
     steps = sorted(int(s) for s in np.flatnonzero(np.random.default_rng(7).random(1000) < 0.1) + 1)
     summary, rows, _ = train_run("model=mlp", "train.epochs=40", "train.max_steps=1000",
-                                 f"inject.overflow_steps=[{','.join(map(str, steps))}]", *_overrides(TRAIN_SETTING))
+                                 f"inject.overflow_steps=[{','.join(map(str, steps))}]",
+                                 *_overrides(TRAIN_SETTING))
     flags = [r["overflow"] for r in rows]
     assert len(rows) == 1000 and [r["step"] for r in rows if r["overflow"]] == steps
     assert [r["loss_scale"] for r in rows] == scale_column(flags, **TRAIN_SETTING)
@@ -78,8 +79,8 @@ def test_scale_column_of_a_1000_step_run_equals_deepspeed(train_run):
 
 @pytest.mark.parametrize("engine", ["cell", "functional"])
 def test_hysteresis_2_skips_both_overflows_and_backs_off_only_after_the_second(train_run, engine):
-    _, rows, _ = train_run(f"engine={engine}", "amp=O2", "loss_scale=dynamic_hysteresis", "loss_scale.hysteresis=2",
-                           "inject.overflow_steps=[3,4]", "train.max_steps=6")
+    _, rows, _ = train_run(f"engine={engine}", "amp=O2", "loss_scale=dynamic_hysteresis",
+                           "loss_scale.hysteresis=2", "inject.overflow_steps=[3,4]", "train.max_steps=6")
     scale = [r["loss_scale"] for r in rows]
     assert [r["overflow"] for r in rows] == [0, 0, 1, 1, 0, 0]
     assert [r["skipped_steps"] for r in rows] == [0, 0, 1, 2, 2, 2]  # the update is skipped at both
@@ -96,12 +97,15 @@ def test_resumed_hysteresis_run_has_the_straight_runs_history(train_run, engine)
               "loss_scale.init_loss_scale=1024"]
     inject = "inject.overflow_steps=[9,14,15]"
     _, straight, _ = train_run(*common, inject, "train.max_steps=24")
-    _, first, part = train_run(*common, "inject.overflow_steps=[9]", "train.max_steps=10", "train.checkpoint=true")
-    summary, second, _ = train_run(*common, inject, "train.max_steps=24", f"train.resume={part / 'checkpoint.ckpt'}")
+    _, first, part = train_run(*common, "inject.overflow_steps=[9]", "train.max_steps=10",
+                               "train.checkpoint=true")
+    summary, second, _ = train_run(*common, inject, "train.max_steps=24",
+                                   f"train.resume={part / 'checkpoint.ckpt'}")
     assert summary["resumed_from_step"] == 10
     assert first + second == straight
     scales = [r["loss_scale"] for r in straight]
-    assert scales[14] == scales[13] / 2, "the overflow at step 14 backs off because step 9's used up the hysteresis"
+    assert scales[14] == scales[13] / 2, ("the overflow at step 14 backs off because step 9's used up "
+                                          "the hysteresis")
     setting = dict(TRAIN_SETTING, init_loss_scale=1024.0, max_loss_scale=2.0**24, scale_window=7)
     assert scales == scale_column([r["overflow"] for r in straight], **setting)
     assert max(scales) > 1024 and min(scales) < 1024

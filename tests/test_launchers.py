@@ -22,8 +22,8 @@ import yaml
 
 import slurm_cluster
 from conftest import run_cli, stop_group
-from test_tracking import FAST, job_dirs, runs, store
 from lsexp.training.history import read_history
+from test_tracking import FAST, job_dirs, runs, store
 
 SWEEP = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=20"]
 # lsexp's lost-job grace, shortened so that the killed-job test stays lean
@@ -116,7 +116,8 @@ def test_sweep_equals_the_basic_launchers_with_one_parent_and_report(launcher, b
     out = run_cli(*SWEEP, *args, f"tracking.uri={uri}", *FAST, cwd=tmp_path, env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-5000:]
     assert "Traceback" not in out.stderr
-    _assert_same_histories({job.name: read_history(job / "history.csv") for job in job_dirs(tmp_path)}, basic_sweep)
+    _assert_same_histories({job.name: read_history(job / "history.csv") for job in job_dirs(tmp_path)},
+                           basic_sweep)
 
     client, parent, children, found = _family(uri)
     assert len(found) == 3 and len(children) == 2
@@ -127,14 +128,14 @@ def test_sweep_equals_the_basic_launchers_with_one_parent_and_report(launcher, b
     by_overrides = {c.data.tags["lsexp.overrides"]: c for c in children}
     for job in job_dirs(tmp_path):
         overrides = " ".join(yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
-        scales = sorted((m.step, m.value) for m in client.get_metric_history(by_overrides[overrides].info.run_id,
-                                                                              "loss_scale"))
+        scales = sorted((m.step, m.value)
+                        for m in client.get_metric_history(by_overrides[overrides].info.run_id, "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
     logged = open(client.download_artifacts(parent.info.run_id, "comparison.csv")).read()
     table = list(csv.DictReader(logged.splitlines()))
     assert sorted(r["choices"] for r in table) == ["loss_scale=dynamic", "loss_scale=fixed_drop"]
-    report = subprocess.run([sys.executable, "-m", "lsexp.report.cli", "lsexp", "--tracking-uri", uri, "--out",
-                             str(tmp_path / "report")], capture_output=True, text=True, timeout=300)
+    report = subprocess.run([sys.executable, "-m", "lsexp.report.cli", "lsexp", "--tracking-uri", uri,
+                             "--out", str(tmp_path / "report")], capture_output=True, text=True, timeout=300)
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "report" / "comparison.csv").read_text() == logged
 
@@ -251,9 +252,9 @@ def test_ray_sweep_on_an_existing_cluster_by_address(ray_ready, tmp_path):
                 assert head.poll() is None, head.communicate()[0]
                 time.sleep(0.5)
         uri = store(tmp_path)
-        out = run_cli("-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=3", "hydra/launcher=ray",
-                      f"hydra.launcher.ray.init.address=127.0.0.1:{port}", f"tracking.uri={uri}", *FAST,
-                      cwd=tmp_path, timeout=600)
+        out = run_cli("-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=3",
+                      "hydra/launcher=ray", f"hydra.launcher.ray.init.address=127.0.0.1:{port}",
+                      f"tracking.uri={uri}", *FAST, cwd=tmp_path, timeout=600)
         assert out.returncode == 0, out.stderr[-5000:]
         assert f"connecting to 127.0.0.1:{port}" in out.stdout + out.stderr
         _, parent, children, _ = _family(uri)
@@ -271,10 +272,10 @@ _HIDE = ("import sys\n"
 
 
 @pytest.mark.parametrize("option, hidden, extra", [
-    pytest.param("ray", "hydra_plugins.hydra_ray_launcher,hydra_plugins.hydra_ray_launcher._config,ray", "ray",
-                 marks=pytest.mark.ray),
-    pytest.param("submitit_slurm", "hydra_plugins.hydra_submitit_launcher,hydra_plugins.hydra_submitit_launcher.config,"
-                 "submitit", "slurm", marks=pytest.mark.slurm),
+    pytest.param("ray", "hydra_plugins.hydra_ray_launcher,hydra_plugins.hydra_ray_launcher._config,ray",
+                 "ray", marks=pytest.mark.ray),
+    pytest.param("submitit_slurm", "hydra_plugins.hydra_submitit_launcher,"
+                 "hydra_plugins.hydra_submitit_launcher.config,submitit", "slurm", marks=pytest.mark.slurm),
 ])
 def test_a_launcher_whose_extra_is_missing_is_one_line(tmp_path, option, hidden, extra):
     out = subprocess.run([sys.executable, "-c", _HIDE, hidden, "-m", f"hydra/launcher={option}",
@@ -282,7 +283,8 @@ def test_a_launcher_whose_extra_is_missing_is_one_line(tmp_path, option, hidden,
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"lsexp: config error: hydra/launcher={option}: ") and f'pip install -e ".[{extra}]"' in line
+    assert (line.startswith(f"lsexp: config error: hydra/launcher={option}: ")
+            and f'pip install -e ".[{extra}]"' in line)
     assert not (tmp_path / "multirun").exists()
 
 
@@ -293,14 +295,16 @@ def test_a_ray_address_where_no_cluster_answers_is_one_line(ray_ready, tmp_path)
                   "train.max_steps=2,3", "tracking=none", *FAST, cwd=tmp_path, timeout=300)
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith(f"lsexp: config error: hydra.launcher.ray.init.address=127.0.0.1:{port}: no Ray cluster")
+    assert line.startswith(f"lsexp: config error: hydra.launcher.ray.init.address=127.0.0.1:{port}: "
+                           "no Ray cluster")
 
 
 @pytest.mark.slurm
 def test_a_slurm_time_limit_inside_the_warning_signal_is_one_line(tmp_path):
     _need("hydra_plugins.hydra_submitit_launcher", "slurm")
-    out = run_cli("-m", "hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=2", "train.max_steps=2,3",
-                  "tracking=none", *FAST, cwd=tmp_path, timeout=300)
+    out = run_cli("-m", "hydra/launcher=submitit_slurm", "hydra.launcher.timeout_min=2",
+                  "train.max_steps=2,3", "tracking=none", *FAST, cwd=tmp_path, timeout=300)
     assert out.returncode == 2, out.stderr
     (line,) = out.stderr.strip().splitlines()
-    assert line.startswith("lsexp: config error: hydra.launcher.timeout_min=2: ") and "signal_delay_s=120" in line
+    assert (line.startswith("lsexp: config error: hydra.launcher.timeout_min=2: ")
+            and "signal_delay_s=120" in line)

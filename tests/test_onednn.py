@@ -9,8 +9,8 @@ import time
 import pytest
 
 from conftest import run_cli
-from test_tracking import runs, store
 from lsexp.runtime import onednn
+from test_tracking import runs, store
 
 X86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
 
@@ -50,7 +50,8 @@ def test_calibrates_once_in_order_caches_and_later_reads_spend_no_time(cache):
     said = []
     entry = onednn.cached_or_calibrated(timer, announce=said.append)
     assert timer.calls == [None, "AVX2"]  # all the CPU has, then the cap, one after the other
-    assert entry["onednn_max_cpu_isa"] == "AVX2" and entry["seconds_per_step"] == {"null": 0.24, "AVX2": 0.017}
+    assert (entry["onednn_max_cpu_isa"] == "AVX2"
+            and entry["seconds_per_step"] == {"null": 0.24, "AVX2": 0.017})
     assert len(said) == 2 and "onednn_max_cpu_isa=AVX2" in said[1] and str(cache) in said[1]
     stored = json.loads(cache.read_text())
     assert [e["key"] for e in stored.values()] == [onednn.machine_key()]
@@ -84,7 +85,8 @@ def test_jobs_that_start_together_calibrate_once_and_never_time_each_other(cache
             busy.release()
 
     # each thread opens the lock file itself, as each job's process does; flock holds them apart
-    threads = [threading.Thread(target=lambda: results.append(onednn.cached_or_calibrated(timed, announce=str)))
+    threads = [threading.Thread(target=lambda: results.append(
+                   onednn.cached_or_calibrated(timed, announce=str)))
                for _ in range(4)]
     for t in threads:
         t.start()
@@ -121,7 +123,8 @@ def test_an_unwritable_cache_folder_warns_once_and_runs_uncapped(tmp_path, monke
 
 def test_a_failing_probe_warns_once_runs_uncapped_and_caches_nothing(cache):
     def failing(isa):
-        raise onednn.CalibrationError(f"the probe with {isa or 'all the CPU has'} failed (Segmentation fault)")
+        raise onednn.CalibrationError(f"the probe with {isa or 'all the CPU has'} failed "
+                                      "(Segmentation fault)")
 
     lines = []
     assert onednn.auto_isa(warn=lines.append, measure=failing) is None
@@ -137,7 +140,8 @@ def test_a_real_calibration_times_real_onednn_within_its_budget(cache):
     took = time.perf_counter() - started
     assert entry["onednn_max_cpu_isa"] == onednn.choose(
         {None if k == "null" else k: v for k, v in entry["seconds_per_step"].items()})
-    assert set(entry["seconds_per_step"]) == {"null", "AVX2"} and all(v > 0 for v in entry["seconds_per_step"].values())
+    assert (set(entry["seconds_per_step"]) == {"null", "AVX2"}
+            and all(v > 0 for v in entry["seconds_per_step"].values()))
     assert took < 30, took  # 15 s on an idle machine (README, Performance); the suite may share the cores
 
 
@@ -151,11 +155,13 @@ def test_the_cli_records_the_cached_decision_and_does_not_calibrate_again(tmp_pa
     key = onednn.machine_key()
     (folder / onednn.CACHE_FILE).write_text(json.dumps({onednn._key_id(key): {
         "key": key, "onednn_max_cpu_isa": "AVX", "seconds_per_step": {"null": 1.0, "AVX": 0.5}}}))
-    out = run_cli("train.max_steps=2", f"tracking.uri={store(tmp_path)}", "train.progress=false", "hydra.run.dir=run",
-                  cwd=tmp_path, env={"LSEXP_CACHE_DIR": str(folder), "ONEDNN_VERBOSE": "1"})
+    out = run_cli("train.max_steps=2", f"tracking.uri={store(tmp_path)}", "train.progress=false",
+                  "hydra.run.dir=run", cwd=tmp_path,
+                  env={"LSEXP_CACHE_DIR": str(folder), "ONEDNN_VERBOSE": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert "timing oneDNN" not in out.stdout + out.stderr
-    assert any(line.rstrip().endswith("isa:Intel AVX") for line in out.stdout.splitlines()), out.stdout[-1500:]
+    assert any(line.rstrip().endswith("isa:Intel AVX")
+               for line in out.stdout.splitlines()), out.stdout[-1500:]
     assert json.loads((tmp_path / "run/summary.json").read_text())["onednn_max_cpu_isa"] == "AVX"
     _, _, found = runs(store(tmp_path))
     assert found[0].data.params["device.onednn_max_cpu_isa"] == "AVX"

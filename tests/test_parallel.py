@@ -15,11 +15,11 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, run_cli
-from lsexp.runtime import onednn
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import steps_per_epoch
-from lsexp.preflight import validate
 from lsexp.datasets.kinds import _epoch_slice
+from lsexp.preflight import validate
+from lsexp.runtime import onednn
 from lsexp.scaleout.msrun import _rank_pids
 from lsexp.training.history import read_history
 
@@ -77,8 +77,9 @@ def _start_training(tmp_path, **popen):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     MlflowClient(uri).search_experiments()
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", *DP, "amp=O2", "train.epochs=200",
-                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path, stdout=subprocess.PIPE,
-                            text=True, start_new_session=True, preexec_fn=_as_from_a_terminal, **popen)
+                             f"tracking.uri={uri}", "hydra.run.dir=run"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=_as_from_a_terminal, **popen)
     deadline = time.time() + 180
     while time.time() < deadline and not (tmp_path / "run/history.csv").exists():
         time.sleep(0.5)
@@ -87,8 +88,8 @@ def _start_training(tmp_path, **popen):
 
 @pytest.mark.msrun
 def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_identical(tmp_path):
-    out, uri, run_dir = _lsexp(tmp_path, "loss_scale=fixed_drop", "inject.overflow_steps=[3]", "inject.rank=1",
-                               "train.max_steps=8")
+    out, uri, run_dir = _lsexp(tmp_path, "loss_scale=fixed_drop", "inject.overflow_steps=[3]",
+                               "inject.rank=1", "train.max_steps=8")
     assert out.returncode == 0, out.stderr
     rows = read_history(run_dir / "history.csv")  # rank 0's: it injected nothing itself
     assert [r["overflow"] for r in rows] == [0, 0, 1, 0, 0, 0, 0, 0]
@@ -103,7 +104,8 @@ def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_
     assert run.info.status == "FINISHED" and run.data.params["world_size"] == "2"
     # the ranks take the cap the job resolved (auto: this machine's cached decision, shared by the suite)
     decided = onednn.cached_or_calibrated()["onednn_max_cpu_isa"]
-    assert summary["onednn_max_cpu_isa"] == decided and run.data.params["device.onednn_max_cpu_isa"] == str(decided)
+    assert (summary["onednn_max_cpu_isa"] == decided
+            and run.data.params["device.onednn_max_cpu_isa"] == str(decided))
     assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "overflow"),
                                     key=lambda m: m.step)] == [0, 0, 1, 0, 0, 0, 0, 0]
 
@@ -126,8 +128,8 @@ def test_a_two_rank_run_resumed_from_its_checkpoint_continues_exactly(tmp_path):
     common = ["loss_scale=dynamic", "loss_scale.scale_window=3", "tracking=none"]
     first, _, part = _lsexp(tmp_path, *common, "train.max_steps=6", "train.checkpoint=true", name="part")
     assert first.returncode == 0, first.stderr
-    rest, _, resumed = _lsexp(tmp_path, *common, "train.max_steps=12", f"train.resume={part / 'checkpoint.ckpt'}",
-                              name="resumed")
+    rest, _, resumed = _lsexp(tmp_path, *common, "train.max_steps=12",
+                              f"train.resume={part / 'checkpoint.ckpt'}", name="resumed")
     assert rest.returncode == 0, rest.stderr
     whole, _, straight = _lsexp(tmp_path, *common, "train.max_steps=12", name="straight")
     assert whole.returncode == 0, whole.stderr
@@ -149,7 +151,8 @@ def test_ctrl_c_stops_every_rank_and_the_run_ends_killed(tmp_path):
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
     assert run.info.status == "KILLED"
-    rows = read_history(tmp_path / "run/history.csv")  # rank 0 stopped like Ctrl-C: nothing it trained is lost
+    # rank 0 stopped like Ctrl-C: nothing it trained is lost
+    rows = read_history(tmp_path / "run/history.csv")
     assert len(rows) > 0 and len(client.get_metric_history(run.info.run_id, "loss")) == len(rows)
 
 
@@ -173,8 +176,8 @@ def test_a_rank_that_dies_fails_the_run_in_one_line_with_no_rank_left(tmp_path):
 @pytest.mark.msrun
 def test_data_parallel_inside_a_sweep_job(tmp_path):
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli("-m", *DP, "amp=O2", "loss_scale=fixed_drop,dynamic", "train.max_steps=4", f"tracking.uri={uri}",
-                  cwd=tmp_path)
+    out = run_cli("-m", *DP, "amp=O2", "loss_scale=fixed_drop,dynamic", "train.max_steps=4",
+                  f"tracking.uri={uri}", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     client = MlflowClient(uri)
     found = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])

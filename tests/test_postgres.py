@@ -23,8 +23,8 @@ from mlflow.tracking import MlflowClient
 
 import pg_cluster
 from conftest import run_cli, stop_group
-from test_tracking import FAST, job_dirs, runs
 from lsexp.training.history import read_history
+from test_tracking import FAST, job_dirs, runs
 
 pytestmark = pytest.mark.postgres
 
@@ -128,7 +128,8 @@ def server_sweep(team_server, tmp_path_factory):
     return root, url, experiment, out
 
 
-def test_sweep_on_the_server_has_a_parent_two_finished_children_and_served_artifacts(server_sweep, team_server):
+def test_sweep_on_the_server_has_a_parent_two_finished_children_and_served_artifacts(server_sweep,
+                                                                                     team_server):
     root, url, experiment, out = server_sweep
     client, exp, found = runs(url, experiment)
     parents = [r for r in found if r.data.tags.get("lsexp.sweep") == "true"]
@@ -143,7 +144,8 @@ def test_sweep_on_the_server_has_a_parent_two_finished_children_and_served_artif
     by_overrides = {c.data.tags["lsexp.overrides"]: c for c in children}
     for job in job_dirs(root):
         child = by_overrides[" ".join(yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))]
-        served = client.download_artifacts(child.info.run_id, "history.csv", str(job.parent / f"dl-{job.name}"))
+        served = client.download_artifacts(child.info.run_id, "history.csv",
+                                           str(job.parent / f"dl-{job.name}"))
         assert Path(served).read_text() == (job / "history.csv").read_text()
         scales = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
@@ -161,8 +163,9 @@ def test_report_against_the_server_and_against_its_database(server_sweep, team_s
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
     logged = open(client.download_artifacts(parent.info.run_id, "comparison.csv")).read()
     for name, uri in (("server", url), ("database", db)):  # the same runs, through the server or not
-        out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "report", experiment, "--tracking-uri", uri,
-                              "--out", str(tmp_path / name)], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "report", experiment,
+                              "--tracking-uri", uri, "--out", str(tmp_path / name)], capture_output=True,
+                             text=True, timeout=300)
         assert out.returncode == 0, out.stderr
         assert (tmp_path / name / "comparison.csv").read_text() == logged
         _assert_no_password(out.stdout, out.stderr)
@@ -220,7 +223,8 @@ def test_killed_job_on_the_server_is_killed_with_the_steps_so_far(team_server, t
 
 # --- the database used directly ------------------------------------------------------------------
 def test_a_run_logs_to_postgresql_directly(database, tmp_path):
-    out = run_cli("amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={database}", *FAST, cwd=tmp_path)
+    out = run_cli("amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={database}", *FAST,
+                  cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     client, _, (run,) = runs(database)
     assert run.info.status == "FINISHED" and run.data.tags["lsexp.strategy"] == "dynamic"
@@ -254,10 +258,11 @@ def test_processes_opening_a_new_database_at_once_all_get_the_same_experiment(da
     # the tables, and concurrent create_experiment calls race; the worker of every single run does this
     # (each imports mlflow first, then all open the store at one signal, or the imports would stagger them)
     code = ("import sys, mlflow.tracking, mlflow.store.tracking.sqlalchemy_store; "
-            "from lsexp.tracking.store import client_for, ensure_experiment; uri = sys.argv[1]; print('ready', flush=True); "
+            "from lsexp.tracking.store import client_for, ensure_experiment; uri = sys.argv[1]; "
+            "print('ready', flush=True); "
             "sys.stdin.readline(); print(ensure_experiment(client_for(uri), 'race', uri))")
-    procs = [subprocess.Popen([sys.executable, "-c", code, database], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", code, database], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     for proc in procs:
         assert proc.stdout.readline().strip() == "ready", proc.communicate(timeout=60)[1]
     for proc in procs:
@@ -295,7 +300,8 @@ def test_a_database_that_cannot_be_used_is_one_line_before_training(cluster, tmp
     elif what == "no such database":
         uri, reason = cluster.uri(USER, PASSWORD, "no_such_db"), 'database "no_such_db" does not exist'
     else:
-        uri, reason = (f"postgresql://{USER}:{PASSWORD.replace('@', '%40')}@127.0.0.1:{pg_cluster.free_port()}/x",
+        uri, reason = (f"postgresql://{USER}:{PASSWORD.replace('@', '%40')}@127.0.0.1:"
+                       f"{pg_cluster.free_port()}/x",
                        "Connection refused")
     sweep = ["-m", "train.max_steps=2,3"] if mode == "sweep" else ["train.max_steps=2"]
     out = run_cli(*sweep, f"tracking.uri={uri}", *FAST, cwd=tmp_path, timeout=120)

@@ -82,9 +82,10 @@ def _write_strategy(root):
 
 def test_a_strategy_from_outside_lsexp_trains_under_both_engines(tmp_path):
     args = _write_strategy(tmp_path / "mine")
-    out = run_cli("-m", *args, "engine=cell,functional", "amp=O2", "train.max_steps=8", "inject.overflow_steps=[3,5]",
-                  "tracking=none", "train.progress=false", f"hydra.sweep.dir={tmp_path / 'runs'}",
-                  "hydra.sweep.subdir=${engine.name}", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path / "mine")})
+    out = run_cli("-m", *args, "engine=cell,functional", "amp=O2", "train.max_steps=8",
+                  "inject.overflow_steps=[3,5]", "tracking=none", "train.progress=false",
+                  f"hydra.sweep.dir={tmp_path / 'runs'}", "hydra.sweep.subdir=${engine.name}", cwd=tmp_path,
+                  env={"PYTHONPATH": str(tmp_path / "mine")})
     assert out.returncode == 0, out.stderr[-3000:]
     columns = {}
     for engine in ("cell", "functional"):
@@ -92,7 +93,8 @@ def test_a_strategy_from_outside_lsexp_trains_under_both_engines(tmp_path):
         assert summary["strategy"] == "halving" and "halving" in summary["run_name"]
         with open(tmp_path / "runs" / engine / "history.csv") as f:
             rows = list(csv.DictReader(f))
-        columns[engine] = [(float(r["loss_scale"]), int(r["overflow"]), int(r["skipped_steps"])) for r in rows]
+        columns[engine] = [(float(r["loss_scale"]), int(r["overflow"]), int(r["skipped_steps"]))
+                           for r in rows]
     # the scale each step used: halved after each injected overflow, whose update is skipped
     assert [s for s, _, _ in columns["cell"]] == [1024, 1024, 1024, 512, 512, 256, 256, 256]
     assert [o for _, o, _ in columns["cell"]] == [0, 0, 1, 0, 1, 0, 0, 0]
@@ -105,7 +107,8 @@ def test_a_strategy_from_outside_lsexp_is_validated_by_its_own_schema_and_checks
     env = {"PYTHONPATH": str(tmp_path / "mine")}
     out = run_cli(*args, "loss_scale.init_loss_scale=0.5", "tracking=none", cwd=tmp_path, env=env)
     assert out.returncode == 2
-    assert out.stderr.strip() == "lsexp: config error: loss_scale.init_loss_scale=0.5: must be >= 1; e.g. 1024"
+    assert out.stderr.strip() == ("lsexp: config error: loss_scale.init_loss_scale=0.5: "
+                                  "must be >= 1; e.g. 1024")
     out = run_cli(*args, "+loss_scale.window=3", "tracking=none", cwd=tmp_path, env=env)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("lsexp: config error: loss_scale: ") and "window" in out.stderr

@@ -42,8 +42,10 @@ def test_underflow_study_fractions_equal_the_in_step_telemetry(tmp_path):
     assert len(rows) == 4  # two workloads, two histogram steps
     for row in rows:
         (child,) = [c for c in children if row["workload"] in c.data.tags["lsexp.overrides"]]
-        in_step = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "underflow_fraction")}
-        # The histogram's count below 2^-24 at S=1 is what the compiled step counted (float32 vs float64 sums).
+        in_step = {m.step: m.value
+                   for m in client.get_metric_history(child.info.run_id, "underflow_fraction")}
+        # The histogram's count below 2^-24 at S=1 is what the compiled step counted
+        # (float32 vs float64 sums).
         assert float(row["lost_at_2^0"]) == pytest.approx(in_step[int(row["step"])], abs=1e-6)
         lost = [float(row[f"lost_at_2^{k}"]) for k in range(0, 25, 4)]
         assert lost == sorted(lost, reverse=True) and lost[-1] == 0.0
@@ -65,8 +67,8 @@ def test_none_vs_scaled_measures_the_gradient_no_scaling_loses(tmp_path):
 
 @pytest.mark.slow  # a study sweep and its table are in the default suite (dynamic_window)
 def test_scale_sweep_shows_both_ends_of_the_window(tmp_path):
-    client, parent, children = _sweep(tmp_path, "experiment=scale_sweep", "workload=deep_mlp_digits", "amp=O3",
-                                      "loss_scale.loss_scale=1,4096,16777216", "train.max_steps=3")
+    client, parent, children = _sweep(tmp_path, "experiment=scale_sweep", "workload=deep_mlp_digits",
+                                      "amp=O3", "loss_scale.loss_scale=1,4096,16777216", "train.max_steps=3")
     rows = {float(r["log2_scale"]): r for r in _table(tmp_path, client, parent, "scale_sweep")}
     assert sorted(rows) == [0.0, 12.0, 24.0]
     assert float(rows[24.0]["skipped_fraction"]) == 1.0  # too large: every step overflows and is skipped
@@ -86,7 +88,8 @@ def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_p
         scale = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "loss_scale")}
         overflow = {m.step: m.value for m in client.get_metric_history(child.info.run_id, "overflow")}
         backoff = int(row["initial_backoff_skipped"])
-        assert backoff > 0 and all(overflow[s] == 1 for s in range(1, backoff + 1)) and overflow[backoff + 1] == 0
+        assert (backoff > 0 and all(overflow[s] == 1 for s in range(1, backoff + 1))
+                and overflow[backoff + 1] == 0)
         assert scale[backoff + 1] == 2.0**24 / factor**backoff
         assert sum(int(part.split(":")[1]) for part in row["steps_at_each_scale"].split()) == 40
         # Two overflows divide the scale by factor^2; two windows of 5 clean steps multiply it back.
@@ -117,4 +120,5 @@ def test_engines_study_pairs_the_engines_runs_and_finds_them_identical(tmp_path)
         assert float(row["cell_steps_per_second"]) > 0 and float(row["functional_steps_per_second"]) > 0
         assert float(row["functional_speed_ratio"]) == pytest.approx(
             float(row["functional_steps_per_second"]) / float(row["cell_steps_per_second"]))
-    assert int(rows["dynamic_hysteresis"]["skipped_steps"]) == 3  # hysteresis delays the back-off, not the skip
+    # hysteresis delays the back-off, not the skip
+    assert int(rows["dynamic_hysteresis"]["skipped_steps"]) == 3

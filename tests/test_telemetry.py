@@ -47,7 +47,8 @@ def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, override
             assert row["grad_norm"] == pytest.approx(norm, rel=1e-4)
         else:
             assert not math.isfinite(row["grad_norm"])
-        assert (run_dir / f"grad_hist_step{step}.csv").is_file() and (run_dir / f"grad_hist_step{step}.png").is_file()
+        assert ((run_dir / f"grad_hist_step{step}.csv").is_file()
+                and (run_dir / f"grad_hist_step{step}.png").is_file())
     if "loss_scale=none" in overrides:
         assert rows[0]["underflow_fraction"] > 0, "at scale 1 some LeNet5 gradients are below 2^-24"
     if "amp=O2" in overrides:
@@ -65,27 +66,30 @@ def test_the_probe_leaves_training_as_it_was(train_run, model):
     _, plain, _ = train_run(*common, "telemetry=grads", "telemetry.histogram_steps=[]")
     _, probed, _ = train_run(*common, "telemetry=grads", "telemetry.histogram_steps=[2,3]")
     assert [list(r) for r in probed] == [list(r) for r in plain]
-    np.testing.assert_equal([list(r.values()) for r in probed], [list(r.values()) for r in plain])  # NaN == NaN
+    # NaN == NaN
+    np.testing.assert_equal([list(r.values()) for r in probed], [list(r.values()) for r in plain])
 
 
 def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli("telemetry=grads", "amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={uri}",
-                  "train.progress=false", cwd=tmp_path)
+    out = run_cli("telemetry=grads", "amp=O2", "loss_scale=dynamic", "train.max_steps=5",
+                  f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
     for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 5, key
     names = {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")}
-    assert names == {"telemetry/grad_layers.csv", "telemetry/grad_hist_step1.csv", "telemetry/grad_hist_step1.png"}
+    assert names == {"telemetry/grad_layers.csv", "telemetry/grad_hist_step1.csv",
+                     "telemetry/grad_hist_step1.png"}
 
 
 def test_histogram_steps_outside_the_run_are_refused(tmp_path):
     out = run_cli("telemetry=grads", "telemetry.histogram_steps=[0,50]", "train.max_steps=20", cwd=tmp_path)
     assert out.returncode == 2 and list(tmp_path.iterdir()) == []
-    assert out.stderr.strip() == ("lsexp: config error: telemetry.histogram_steps=[0, 50]: step(s) [0, 50] are "
-                                  "outside this run's steps 1..20; pick steps in that range or raise train.max_steps")
+    assert out.stderr.strip() == ("lsexp: config error: telemetry.histogram_steps=[0, 50]: "
+                                  "step(s) [0, 50] are outside this run's steps 1..20; "
+                                  "pick steps in that range or raise train.max_steps")
 

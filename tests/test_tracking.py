@@ -1,8 +1,8 @@
 """MLflow tracking against real stores: a temporary SQLite file, and a real `mlflow server`."""
 
 import csv
-import math
 import json
+import math
 import os
 import signal
 import subprocess
@@ -49,7 +49,8 @@ def test_single_run_logs_params_metrics_tags_and_artifacts(tmp_path):
     assert run.info.status == "FINISHED" and run.info.run_name == "lenet5-synthetic-O2-dynamic"
     params = run.data.params
     assert params["loss_scale.scale_window"] == "3" and params["amp.level"] == "O2"
-    assert params["optimizer.loss_scale"] == "1.0" and params["loss_scale._target_"].endswith("DynamicLossScaleManager")
+    assert (params["optimizer.loss_scale"] == "1.0"
+            and params["loss_scale._target_"].endswith("DynamicLossScaleManager"))
     tags = run.data.tags
     assert tags["lsexp.strategy"] == "dynamic" and tags["lsexp.amp_level"] == "O2"
     assert tags["lsexp.device_target"] == "CPU" and tags["lsexp.model"] == "lenet5"
@@ -130,8 +131,10 @@ def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
         scales = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale"))
         assert scales == [(r["step"], r["loss_scale"]) for r in read_history(job / "history.csv")]
         assert len(scales) == 20
-        log2 = sorted((m.step, m.value) for m in client.get_metric_history(child.info.run_id, "loss_scale_log2"))
-        assert log2 == [(step, math.log2(value)) for step, value in scales]  # the UI's linear chart separates them
+        log2 = sorted((m.step, m.value)
+                      for m in client.get_metric_history(child.info.run_id, "loss_scale_log2"))
+        # the UI's linear chart separates them
+        assert log2 == [(step, math.log2(value)) for step, value in scales]
     # The UI's run column shows ~15 characters: a child is named by the options its sweep varies.
     assert sorted(c.info.run_name for c in children) == ["dynamic", "fixed_drop", "fixed_nodrop"]
 
@@ -145,7 +148,8 @@ def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
     # With telemetry the table says what float16 broke: 2^24 overflows it at first, 128 never here.
     fixed = next(r for r in table if r["choices"] == "loss_scale=fixed_drop")
     assert float(dynamic["mean_overflow_fraction"]) > 0 and float(fixed["mean_overflow_fraction"]) == 0
-    assert "mean_underflow_fraction" in open(client.download_artifacts(parent.info.run_id, "comparison.md")).read()
+    assert "mean_underflow_fraction" in open(
+        client.download_artifacts(parent.info.run_id, "comparison.md")).read()
 
 
 def _overrides(job: Path):
@@ -166,8 +170,8 @@ def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
         assert (tmp_path / target / "comparison.csv").read_text() == logged
         assert (tmp_path / target / "comparison.png").stat().st_size > 10_000
     # the console script takes the same arguments
-    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "report", "no-such-experiment", "--tracking-uri", uri],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(Path(sys.executable).parent / "lsexp"), "report", "no-such-experiment",
+                          "--tracking-uri", uri], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "no-such-experiment" in out.stderr
 
 
@@ -207,7 +211,8 @@ def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
 @pytest.mark.slow  # 9 jobs; sweeps as parent and children are in the default suite below
 def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
     uri = store(tmp_path)
-    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    out = run_cli("experiment=seed_blog", "amp=O0", "train.max_steps=3", f"tracking.uri={uri}", *FAST,
+                  cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     _, _, found = runs(uri)
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
@@ -221,7 +226,8 @@ def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
 def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     uri = store(tmp_path)
     # A 3-class head on 10-class labels passes validation but fails inside MindSpore.
-    out = run_cli("-m", "model.num_class=3,10", "train.max_steps=3", f"tracking.uri={uri}", *FAST, cwd=tmp_path)
+    out = run_cli("-m", "model.num_class=3,10", "train.max_steps=3", f"tracking.uri={uri}", *FAST,
+                  cwd=tmp_path)
     assert out.returncode != 0
     _, _, found = runs(uri)
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
@@ -232,8 +238,10 @@ def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     assert "RUNNING" not in {r.info.status for r in found}
 
 
-@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM", *(pytest.param(h, marks=pytest.mark.slow)  # same path, more signals
-                                                for h in ("SIGTERM to the process group", "SIGTERM twice"))])
+@pytest.mark.parametrize("how", ["SIGINT", "SIGTERM",
+                                 # same path, more signals
+                                 *(pytest.param(h, marks=pytest.mark.slow)
+                                   for h in ("SIGTERM to the process group", "SIGTERM twice"))])
 def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, how):
     # the command's process passes a signal on to the job; a group's kill reaches the job twice
     uri = store(tmp_path, create=True)
@@ -277,8 +285,8 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(tmp_path):
     uri = store(tmp_path, create=True)
     master, terminal = os.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
-                            cwd=tmp_path, stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True,
-                            preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
+                            cwd=tmp_path, stdin=terminal, stdout=terminal, stderr=terminal,
+                            start_new_session=True, preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))
     os.close(terminal)
     output = b""
     try:
@@ -305,7 +313,8 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(tmp_path):
     client, _, (run,) = runs(uri)
     assert run.info.status == "KILLED"
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
-    assert len(client.get_metric_history(run.info.run_id, "loss")) == len(read_history(run_dir / "history.csv"))
+    assert (len(client.get_metric_history(run.info.run_id, "loss"))
+            == len(read_history(run_dir / "history.csv")))
 
 
 def _running(uri: str) -> bool:
@@ -320,9 +329,9 @@ def _running(uri: str) -> bool:
 def mlflow_server(tmp_path):
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-         "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}", "--artifacts-destination",
-         str(tmp_path / "artifacts")],
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+         "--artifacts-destination", str(tmp_path / "artifacts")],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -440,8 +449,9 @@ def _parent(pid: int) -> int:
 def test_what_runs_before_hydra_imports_nothing_heavy():
     # they run before Hydra composes the config; anything heavy they import delays the run, and
     # numpy must load only once the worker has limited OpenBLAS to one thread
-    code = ("import sys, lsexp.cli, lsexp.tracking.supervisor, lsexp.tracking.worker; print(sorted(m for m in "
-            "('hydra', 'omegaconf', 'mindspore', 'mlflow', 'numpy') if m in sys.modules))")
+    code = ("import sys, lsexp.cli, lsexp.tracking.supervisor, lsexp.tracking.worker; "
+            "print(sorted(m for m in ('hydra', 'omegaconf', 'mindspore', 'mlflow', 'numpy') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -454,7 +464,8 @@ def test_tracking_worker_keeps_to_one_core(tmp_path):
     worker = Worker.spawn()
     worker.send(op="open", uri=uri, start_dir=str(tmp_path), out_dir=str(tmp_path), experiment_name="lsexp",
                 run_name="one-core", tags={}, params={})
-    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}], epoch_eval=[])
+    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}],
+                epoch_eval=[])
     deadline = time.time() + 60
     while time.time() < deadline and not _logged_steps(uri):
         time.sleep(0.1)
@@ -464,7 +475,8 @@ def test_tracking_worker_keeps_to_one_core(tmp_path):
     assert worker.wait() == 0
     assert busy < 0.05  # ~0.15 s when OpenBLAS threads spin through the warm-up figure
     client, _, (run,) = runs(uri)
-    assert run.info.status == "FINISHED" and "loss_scale.png" in {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert (run.info.status == "FINISHED"
+            and "loss_scale.png" in {a.path for a in client.list_artifacts(run.info.run_id)})
 
 
 def _cpu_seconds_of_other_threads(pid: int) -> float:
@@ -499,7 +511,8 @@ def test_a_rejected_config_leaves_no_tracking_worker_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # ~12 s waiting out the early worker; tracking=none on the command line is in the default suite
+# ~12 s waiting out the early worker; tracking=none on the command line is in the default suite
+@pytest.mark.slow
 def test_tracking_turned_off_by_a_config_file_stops_the_early_worker(tmp_path):
     # the command line does not say tracking=none, so a worker starts early; the composed config then
     # does, and the worker must go before training, not compete with it for the cores

@@ -31,7 +31,8 @@ def test_default_run_reproduces_the_seed(train_run):
     assert {r["loss_scale"] for r in rows} == {128.0}
 
 
-INJECT = ["loss_scale=dynamic", "loss_scale.scale_window=2", "train.max_steps=8", "inject.overflow_steps=[3,5]"]
+INJECT = ["loss_scale=dynamic", "loss_scale.scale_window=2", "train.max_steps=8",
+          "inject.overflow_steps=[3,5]"]
 
 
 def test_injected_overflow_dynamic_matches_mindspore_update_cell(train_run):
@@ -46,7 +47,8 @@ def test_scale_column_is_the_scale_each_step_used_without_injection_too(train_ru
     # Without injection nothing else orders the step's read of the scale before the update cell's write.
     _, rows, _ = train_run("amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=2", "train.max_steps=12")
     assert rows[0]["loss_scale"] == 2.0**24
-    assert [r["loss_scale"] for r in rows] == reference_dynamic_scales(2.0**24, 2, 2, [r["overflow"] for r in rows])
+    assert [r["loss_scale"] for r in rows] == reference_dynamic_scales(2.0**24, 2, 2,
+                                                                       [r["overflow"] for r in rows])
 
 
 def test_real_fp16_overflow_on_o2_still_matches_mindspore(train_run):
@@ -67,10 +69,12 @@ def _weights(ckpt):
 
 def test_fixed_drop_leaves_parameters_unchanged_across_an_injected_step(train_run):
     _, _, before = train_run("train.max_steps=2", "train.checkpoint=true")
-    summary, rows, after = train_run("train.max_steps=3", "train.checkpoint=true", "inject.overflow_steps=[3]")
+    summary, rows, after = train_run("train.max_steps=3", "train.checkpoint=true",
+                                     "inject.overflow_steps=[3]")
     assert rows[2]["overflow"] == 1 and summary["skipped_steps"] == 1
     w_before, w_after = _weights(before / "checkpoint.ckpt"), _weights(after / "checkpoint.ckpt")
-    assert w_before.keys() == w_after.keys() and {"conv1.weight", "fc3.bias", "moments.fc3.bias"} <= w_before.keys()
+    assert (w_before.keys() == w_after.keys()
+            and {"conv1.weight", "fc3.bias", "moments.fc3.bias"} <= w_before.keys())
     for k in w_before:
         np.testing.assert_array_equal(w_before[k], w_after[k], err_msg=k)
 
@@ -93,7 +97,8 @@ def test_no_loss_scaling_records_and_applies_overflows_at_scale_one(train_run):
     summary, rows, _ = train_run("loss_scale=none", "amp=O3", "train.max_steps=10")
     assert summary["strategy"] == "none" and {r["loss_scale"] for r in rows} == {1.0}
     assert summary["final_loss_scale"] == 1.0 and summary["skipped_steps"] == 0
-    summary, rows, _ = train_run("loss_scale=none", "amp=O3", "train.max_steps=10", "inject.overflow_steps=[4]")
+    summary, rows, _ = train_run("loss_scale=none", "amp=O3", "train.max_steps=10",
+                                 "inject.overflow_steps=[4]")
     assert rows[3]["overflow"] == 1 and summary["diverged_at_step"] == 4  # applied, not skipped
 
 

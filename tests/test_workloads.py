@@ -22,7 +22,8 @@ def write_text(path: Path, chars: int = 200_000, seed: int = 0) -> Path:
     """Sentences of a small vocabulary: structure a character model can learn, far below unigram entropy."""
     rng = np.random.default_rng(seed)
     words = rng.choice(WORDS, size=chars // 4)
-    path.write_text(". ".join(" ".join(words[i:i + 9]) for i in range(0, len(words), 9))[:chars], encoding="utf-8")
+    path.write_text(". ".join(" ".join(words[i:i + 9]) for i in range(0, len(words), 9))[:chars],
+                    encoding="utf-8")
     return path
 
 
@@ -56,7 +57,8 @@ def test_resnet_trains_with_batchnorm_in_both_precisions(train_run, amp):
 @pytest.mark.parametrize("amp", AMPS)
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_resnet_every_amp_level_and_strategy(train_run, amp, strategy):
-    _short_run(train_run, "model=resnet", "model.depth=8", "dataset=digits", f"amp={amp}", f"loss_scale={strategy}")
+    _short_run(train_run, "model=resnet", "model.depth=8", "dataset=digits", f"amp={amp}",
+               f"loss_scale={strategy}")
 
 
 @pytest.mark.slow
@@ -68,7 +70,8 @@ def test_transformer_every_amp_level_and_strategy(train_run, text_file, amp, str
                f"loss_scale={strategy}")
 
 
-@pytest.mark.parametrize("amp,strategy", [pytest.param("O3", "dynamic", marks=pytest.mark.slow)])  # and the slow grid above
+# and the slow grid above
+@pytest.mark.parametrize("amp,strategy", [pytest.param("O3", "dynamic", marks=pytest.mark.slow)])
 def test_transformer_trains_in_float16(train_run, text_file, amp, strategy):
     _short_run(train_run, "model=transformer", "dataset=sequence", f"amp={amp}", f"loss_scale={strategy}")
     _short_run(train_run, "model=transformer", "dataset=text", f"dataset.path={text_file}", f"amp={amp}",
@@ -83,7 +86,8 @@ def test_transformer_solves_the_sequence_task_on_held_out_sequences(train_run):
 
 @pytest.mark.slow  # ~20 s of learning; the LM's float16 steps run in test_transformer_trains_in_float16
 def test_character_lm_beats_the_unigram_entropy(train_run, text_file):
-    summary, _, _ = train_run("model=transformer", "dataset=text", f"dataset.path={text_file}", "train.epochs=3")
+    summary, _, _ = train_run("model=transformer", "dataset=text", f"dataset.path={text_file}",
+                              "train.epochs=3")
     chars = text_file.read_text()
     freq = np.unique(list(chars), return_counts=True)[1] / len(chars)
     entropy = float(-(freq * np.log(freq)).sum())
@@ -94,8 +98,9 @@ def test_character_lm_beats_the_unigram_entropy(train_run, text_file):
 
 @pytest.mark.slow
 def test_resnet_reaches_90_percent_on_digits_with_the_default_epochs(tmp_path):
+    # 440 ResNet-20 steps at O2: cores shared with other work can double their time
     out = run_cli("model=resnet", "dataset=digits", "amp=O2", "loss_scale=dynamic", "tracking=none",
-                  "train.progress=false", cwd=tmp_path, timeout=900)  # 440 ResNet-20 steps at O2: cores shared with other work can double their time
+                  "train.progress=false", cwd=tmp_path, timeout=900)
     assert out.returncode == 0, out.stderr
     (summary,) = [json.loads(p.read_text()) for p in tmp_path.glob("outputs/*/*/summary.json")]
     assert summary["eval_accuracy"] >= 0.9 and summary["steps"] == 10 * (1438 // 32), summary
@@ -138,8 +143,8 @@ def test_a_folder_of_pngs_trains_through_image_folder_dataset(train_run, tmp_pat
 @pytest.mark.slow  # ~19 s of MNIST files; resume from in-memory data is in the default suite
 def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_run, mnist_dir):
     # the streamed pipeline: dataset.cache=auto would serve these small files from memory
-    common = ["dataset=mnist", f"dataset.path={mnist_dir}", "dataset.cache=stream", "amp=O2", "loss_scale=dynamic",
-              "loss_scale.scale_window=5"]
+    common = ["dataset=mnist", f"dataset.path={mnist_dir}", "dataset.cache=stream", "amp=O2",
+              "loss_scale=dynamic", "loss_scale.scale_window=5"]
     _, straight, _ = train_run(*common, "train.max_steps=80")
     _, first, part = train_run(*common, "train.max_steps=50", "train.checkpoint=true")
     _, second, _ = train_run(*common, "train.max_steps=80", f"train.resume={part / 'checkpoint.ckpt'}")
@@ -151,8 +156,9 @@ def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_ru
 @pytest.mark.parametrize("data", ["my_pkg.make_data", "my_pkg.make_dataset"])
 def test_a_model_and_data_set_from_outside_lsexp_train_via_target(tmp_path, data):
     out = run_cli("model._target_=my_pkg.MyNet", "+model.depth=3", f"dataset._target_={data}", "amp=O2",
-                  "loss_scale=dynamic", "inject.overflow_steps=[2]", "dataset.num_samples=96", "train.epochs=2",
-                  "tracking=none", "train.progress=false", cwd=tmp_path, env={"PYTHONPATH": EXAMPLES})
+                  "loss_scale=dynamic", "inject.overflow_steps=[2]", "dataset.num_samples=96",
+                  "train.epochs=2", "tracking=none", "train.progress=false", cwd=tmp_path,
+                  env={"PYTHONPATH": EXAMPLES})
     assert out.returncode == 0, out.stderr
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/summary.json")]
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -177,8 +183,10 @@ def _assert_one_line_and_nothing_written(out, cwd: Path, *keys: str) -> str:
     (["dataset=mnist", "dataset.path=/no/such/dir"], ["dataset.path=/no/such/dir", "no such folder"]),
     (["dataset=cifar10", "dataset.path=/no/such/dir"], ["dataset.path=/no/such/dir", "data_batch_1.bin",
                                                         "cs.toronto.edu"]),
-    (["dataset=image_folder", "dataset.path=/no/such/dir"], ["dataset.path=/no/such/dir", "one subfolder per class"]),
-    (["model=transformer", "dataset=text", "dataset.path=/no/such.txt"], ["dataset.path=/no/such.txt", "UTF-8"]),
+    (["dataset=image_folder", "dataset.path=/no/such/dir"], ["dataset.path=/no/such/dir",
+                                                             "one subfolder per class"]),
+    (["model=transformer", "dataset=text", "dataset.path=/no/such.txt"], ["dataset.path=/no/such.txt",
+                                                                         "UTF-8"]),
     (["model.num_class=0"], ["model.num_class=0"]),
     (["model=mlp", "model.hidden_units=[64,0]"], ["model.hidden_units=[64, 0]"]),
     (["dataset.image_size=8"], ["model.image_size=8", "14x14"]),
