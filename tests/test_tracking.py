@@ -249,10 +249,7 @@ def test_killed_job_is_killed_with_the_steps_so_far(tmp_path, how):
                             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not _running(uri):
-            time.sleep(0.5)
-        time.sleep(4)  # some steps into training
+        _wait_for_an_epoch(uri)  # some steps into training
         if how.endswith("group"):
             os.killpg(proc.pid, signal.SIGTERM)
         elif how.endswith("twice"):  # the second while the first is being handled
@@ -290,10 +287,7 @@ def test_ctrl_c_in_a_terminal_ends_the_run_killed(tmp_path):
     os.close(terminal)
     output = b""
     try:
-        deadline = time.time() + 120
-        while time.time() < deadline and not _running(uri):
-            time.sleep(0.5)
-        time.sleep(4)
+        _wait_for_an_epoch(uri)
         os.write(master, b"\x03")
         while True:
             try:
@@ -323,6 +317,21 @@ def _running(uri: str) -> bool:
     except Exception:  # the store or experiment does not exist yet
         return False
     return any(r.info.status == "RUNNING" for r in found)
+
+
+def _wait_for_an_epoch(uri: str, timeout: float = 180) -> None:
+    """Until the running job has streamed its first epoch to the store: some steps into training,
+    however slowly the machine compiles."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            client, _, found = runs(uri)
+            if any(r.info.status == "RUNNING" and client.get_metric_history(r.info.run_id, "loss")
+                   for r in found):
+                return
+        except Exception:  # the store or experiment does not exist yet
+            pass
+        time.sleep(0.5)
 
 
 @pytest.fixture
@@ -383,10 +392,7 @@ def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_pa
 def _start_and_train_a_while(tmp_path: Path, uri: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and not _running(uri):
-        time.sleep(0.5)
-    time.sleep(5)  # past the first epochs, which are streamed to the store as they end
+    _wait_for_an_epoch(uri)  # past the first epoch, which is streamed to the store as it ends
     return proc
 
 

@@ -1,0 +1,64 @@
+"""A run is checked once, and a model or data set of the user's own is built once, for the shape probe
+and the training both."""
+
+import subprocess
+import sys
+import textwrap
+
+from conftest import run_cli
+
+COUNTING = '''
+from pathlib import Path
+
+import numpy as np
+from mindspore import nn
+
+LOG = Path(__file__).with_name("built.log")
+
+
+class Net(nn.Cell):
+    def __init__(self, num_class, num_channel, image_size):
+        super().__init__()
+        with open(LOG, "a") as f:
+            f.write("network\\n")
+        self.flat = nn.Flatten()
+        self.head = nn.Dense(num_channel * image_size * image_size, num_class)
+
+    def construct(self, x):
+        return self.head(self.flat(x))
+
+
+def data(num_classes=10, num_channel=1, image_size=8, seed=1, **_):
+    with open(LOG, "a") as f:
+        f.write("data\\n")
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(64, num_channel, image_size, image_size)).astype(np.float32)
+    return x, rng.integers(0, 10, 64)
+'''
+
+
+def test_a_single_run_validates_once(tmp_path):
+    code = textwrap.dedent("""\
+        import atexit, sys
+        import lsexp.preflight as preflight
+        calls = []
+        validate = preflight.validate
+        preflight.validate = lambda cfg: calls.append(1) or validate(cfg)
+        atexit.register(lambda: print("validations", len(calls)))
+        sys.argv = ["lsexp", "train.max_steps=2", "tracking=none", "train.progress=false"]
+        from lsexp.app import main
+        main()
+    """)
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "validations 1"
+
+
+def test_a_network_and_data_of_ones_own_are_built_once_for_the_probe_and_the_run(tmp_path):
+    (tmp_path / "counting.py").write_text(COUNTING)
+    out = run_cli("model._target_=counting.Net", "dataset._target_=counting.data", "dataset.image_size=8",
+                  "dataset.num_channel=1", "train.max_steps=3", "tracking=none", "train.progress=false",
+                  cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "built.log").read_text().split() == ["data", "network"]
