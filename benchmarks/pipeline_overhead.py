@@ -37,7 +37,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
-from data_files import write_cifar10, write_mnist  # noqa: E402
+from helpers.data_files import write_cifar10, write_mnist  # noqa: E402
 from ratios import report  # noqa: E402
 
 MEAN, STD = 0.1307, 0.3081

@@ -4,7 +4,7 @@ and what the database check costs a command.
     python benchmarks/team_server.py [repeats]
 
 Needs Debian's PostgreSQL 15 (apt-get install -y postgresql) and the postgres extra. Starts a
-throwaway cluster (tests/pg_cluster.py), then, `repeats` times each:
+throwaway cluster (tests/helpers/pg_cluster.py), then, `repeats` times each:
 - `lsexp server --workers 1` from its start until /health answers, on a new database (MLflow creates
   its tables) and on one that has them;
 - the memory of the server's processes (`mlflow server` and its uvicorn worker), RSS and PSS, once it
@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import pg_cluster  # noqa: E402
+from helpers import pg_cluster  # noqa: E402
 
 USER, PASSWORD = "bench", "bench-pw"
 

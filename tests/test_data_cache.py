@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from conftest import compose_cfg, run_cli
-from data_files import write_cifar10, write_image_folder, write_mnist
+from helpers.data_files import write_cifar10, write_image_folder, write_mnist
 from lsexp.config.errors import ConfigError
 from lsexp.preflight import validate
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import run_cli
-from test_tracking import FAST, job_dirs, runs, store
+from helpers.mlflow_store import FAST, job_dirs, runs, store
 
 CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from deepspeed_loss_scaler import scale_column
+from helpers.deepspeed_loss_scaler import scale_column
 
 SETTINGS = [  # (settings, overflow probability): the floor, the cap and both hysteresis modes all reached
     (dict(init_loss_scale=2.0**16, hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0,

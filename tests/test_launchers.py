@@ -1,5 +1,5 @@
 """Sweeps through Hydra's launcher plugins, for real: a local Ray cluster (and an existing one by
-address), a single-node Slurm cluster started from Debian's packages (tests/slurm_cluster.py), and
+address), a single-node Slurm cluster started from Debian's packages (tests/helpers/slurm_cluster.py), and
 submitit's local processes; real MindSpore jobs, a real MLflow store, real Hydra.
 
 Marked ray and slurm, so deselected by default: `python -m pytest -m "ray or slurm"` (after
@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import slurm_cluster
 from conftest import run_cli, stop_group
+from helpers import slurm_cluster
+from helpers.mlflow_store import FAST, job_dirs, runs, store
 from lsexp.training.history import read_history
-from test_tracking import FAST, job_dirs, runs, store
 
 SWEEP = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=20"]
 # lsexp's lost-job grace, shortened so that the killed-job test stays lean

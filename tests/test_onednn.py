@@ -9,8 +9,8 @@ import time
 import pytest
 
 from conftest import run_cli
+from helpers.mlflow_store import runs, store
 from lsexp.runtime import onednn
-from test_tracking import runs, store
 
 X86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
 

@@ -21,10 +21,10 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-import pg_cluster
 from conftest import run_cli, stop_group
+from helpers import pg_cluster
+from helpers.mlflow_store import FAST, job_dirs, runs
 from lsexp.training.history import read_history
-from test_tracking import FAST, job_dirs, runs
 
 pytestmark = pytest.mark.postgres
 

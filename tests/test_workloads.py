@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from data_files import write_cifar10, write_image_folder, write_mnist
+from helpers.data_files import write_cifar10, write_image_folder, write_mnist
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 AMPS = ["O0", "O1", "O2", "O3"]
