@@ -27,19 +27,19 @@ def test_what_runs_before_hydra_imports_nothing_heavy():
 
 def test_tracking_worker_keeps_to_one_core(tmp_path):
     # numpy's OpenBLAS threads would spin beside it while it draws, on the cores the training needs
+    from lsexp.tracking.protocol import Finish, Open, Steps
     from lsexp.tracking.worker import Worker
 
     uri = store(tmp_path, create=True)
     worker = Worker.spawn()
-    worker.send(op="open", uri=uri, start_dir=str(tmp_path), out_dir=str(tmp_path), experiment_name="lsexp",
-                run_name="one-core", tags={}, params={})
-    worker.send(op="steps", rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}],
-                epoch_eval=[])
+    worker.send(Open(uri=uri, start_dir=str(tmp_path), out_dir=str(tmp_path), experiment_name="lsexp",
+                     run_name="one-core", tags={}, params={}))
+    worker.send(Steps(rows=[{"step": 1, "loss": 2.3, "loss_scale": 128.0, "overflow": 0}], epoch_eval=[]))
     deadline = time.time() + 60
     while time.time() < deadline and not _logged_steps(uri):
         time.sleep(0.1)
     busy = _cpu_seconds_of_other_threads(worker.pid)  # it has drawn its warm-up figure by now
-    worker.send(op="finish", status="FINISHED")
+    worker.send(Finish(status="FINISHED"))
     worker.messages.close()
     assert worker.wait() == 0
     assert busy < 0.05  # ~0.15 s when OpenBLAS threads spin through the warm-up figure

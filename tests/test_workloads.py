@@ -261,7 +261,7 @@ def test_data_file_checks_run_before_mindspore_is_imported():
     import subprocess
 
     code = ("import sys; sys.path.insert(0, 'tests'); from conftest import compose_cfg;"
-            "from lsexp.config import validate, ConfigError\n"
+            "from lsexp.config.errors import ConfigError; from lsexp.preflight import validate\n"
             "try: validate(compose_cfg('dataset=cifar10', 'dataset.path=/nowhere'))\n"
             "except ConfigError as e: print(len(e.problems), 'mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
