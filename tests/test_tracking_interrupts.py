@@ -115,6 +115,7 @@ def _start_and_train_a_while(tmp_path: Path, uri: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", "train.epochs=30", f"tracking.uri={uri}", *FAST],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     _wait_for_an_epoch(uri)  # past the first epoch, which is streamed to the store as it ends
+    time.sleep(1)  # and into the next, whose steps only the history on disk has when the job is killed
     return proc
 
 
