@@ -14,6 +14,9 @@ from helpers.data_files import write_cifar10, write_image_folder, write_mnist
 from lsexp.config.errors import ConfigError
 from lsexp.preflight import validate
 
+# pytest -n: on one worker, as its tests share the data files it writes (a module-scoped fixture)
+pytestmark = pytest.mark.xdist_group("test_data_cache")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

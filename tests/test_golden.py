@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pytest
 
+# pytest -n: on one worker, as its tests share one sweep (a module-scoped fixture)
+pytestmark = pytest.mark.xdist_group("test_golden")
+
 GOLDEN = Path(__file__).parent / "golden"
 OPTIONS = ("none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_hysteresis", "dynamic_seed_blog")
 LEVELS = ("O0", "O2", "O3")

@@ -13,6 +13,9 @@ from conftest import run_cli
 from helpers.mlflow_store import FAST, job_dirs, runs, store
 from lsexp.training.history import read_history
 
+# pytest -n: on one worker, as its tests share one sweep (a module-scoped fixture)
+pytestmark = pytest.mark.xdist_group("test_tracking_sweeps")
+
 
 @pytest.fixture(scope="module")
 def basic_sweep(tmp_path_factory):

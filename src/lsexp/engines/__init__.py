@@ -1,2 +1,10 @@
 """The train step, built by the engine group around the strategy: as ms.Model builds it (cell), or as
 MindSpore 2.x teaches for custom loops (functional); what both share is the recorder (recorder)."""
+
+# Here, not in the step modules, which import MindSpore: the loop reads the stats by these names, and a
+# job must not import MindSpore before its tracker has let an early worker go (tracking=none).
+# float16's smallest subnormal and largest finite value: a scaled gradient below the first
+# flushes to zero, above the second overflows (Micikevicius et al. 2018).
+FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
+# the stats a step with telemetry reports after its five (loss, overflow, scale, skipped, finite)
+TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction")

@@ -11,6 +11,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 
+from lsexp.engines import FP16_MAX, FP16_TINY
+
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
 
@@ -27,10 +29,6 @@ def _flatten_grad(grad):
     return ops.cast(grad, mstype.float32).reshape((-1,))
 
 
-# float16's smallest subnormal and largest finite value: a scaled gradient below the first
-# flushes to zero, above the second overflows (Micikevicius et al. 2018).
-FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
-TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction")
 
 
 class StepRecorder:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from lsexp.config.facts import run_name, steps_per_epoch, total_steps
-from lsexp.engines.recorder import TELEMETRY
+from lsexp.engines import TELEMETRY
 from lsexp.runtime import device
 from lsexp.training import checkpoint
 from lsexp.training.build import build, load_data

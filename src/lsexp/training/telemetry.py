@@ -21,7 +21,7 @@ from typing import List
 
 import numpy as np
 
-from lsexp.engines.recorder import FP16_MAX, FP16_TINY
+from lsexp.engines import FP16_MAX, FP16_TINY
 
 LAYER_COLUMNS = ("step", "loss_scale", "parameter", "elements", "zero", "underflow", "overflow", "norm")
 BINS = np.arange(-80, 33)  # log2|g| from 2^-80 to 2^32, one bin per power of two
