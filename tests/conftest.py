@@ -70,3 +70,10 @@ def pytest_configure(config):
     # instead of the user's. Tests of the calibration itself point LSEXP_CACHE_DIR elsewhere.
     if getattr(config, "cache", None) is not None:
         os.environ.setdefault("LSEXP_CACHE_DIR", str(config.cache.mkdir("lsexp")))
+    if not hasattr(config, "workerinput"):
+        # Calibrate here, before pytest -n starts its workers: with tests running beside it the probe's
+        # timings are too noisy to trust (under -n 2 a first CI run measured AVX2 0.279 s against
+        # 0.320 s a step, below the 1.2 margin, and took null, 8x slower on convolutions).
+        from lsexp.runtime.onednn import auto_isa
+
+        auto_isa()
