@@ -44,6 +44,7 @@ class _Run:
     collapse: "_CollapseWatch"
     progress: "_Progress"
     started: float
+    save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     step: int = 0
     diverged_at: Optional[int] = None
     epoch_seconds: List[float] = field(default_factory=list)
@@ -118,6 +119,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         progress=_Progress(cfg, run_name(cfg, strategy.name), done, last, enabled=primary),
         started=started,
         step=done,
+        save_every=cfg.train.save_checkpoint_steps if cfg.train.checkpoint and primary else None,
     )
 
 
@@ -163,8 +165,7 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         row.update(zip(TELEMETRY, values[5:]))
     run.history.rows.append(row)
     run.progress.update(loss, scale)
-    every = run.cfg.train.save_checkpoint_steps
-    if every and step % every == 0 and run.cfg.train.checkpoint and run.primary:
+    if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step
         checkpoint.save(run.step_cell, run.out_dir / checkpoint.CHECKPOINT, step, run.skipped)
     if not math.isfinite(loss) or not params_finite:
         run.diverged_at = step
