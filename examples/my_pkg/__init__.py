@@ -15,7 +15,8 @@ from mindspore import nn
 class MyNet(nn.Cell):
     """`depth` 3x3 convolutions with ReLU and a 2x2 max-pool, then one Dense layer."""
 
-    def __init__(self, num_class: int, num_channel: int, image_size: int = 32, depth: int = 2, width: int = 8):
+    def __init__(self, num_class: int, num_channel: int, image_size: int = 32, depth: int = 2,
+                 width: int = 8):
         super().__init__()
         layers = []
         for i in range(depth):
@@ -46,5 +47,6 @@ def make_dataset(num_samples=1024, num_classes=10, num_channel=1, image_size=32,
     import mindspore.dataset as ds
 
     x, y, x_val, y_val = make_data(num_samples, num_classes, num_channel, image_size, seed)
-    return (ds.NumpySlicesDataset((x, y.astype(np.int32)), column_names=["image", "label"], shuffle=False),
-            ds.NumpySlicesDataset((x_val, y_val.astype(np.int32)), column_names=["image", "label"], shuffle=False))
+    columns = ["image", "label"]
+    return (ds.NumpySlicesDataset((x, y.astype(np.int32)), column_names=columns, shuffle=False),
+            ds.NumpySlicesDataset((x_val, y_val.astype(np.int32)), column_names=columns, shuffle=False))
