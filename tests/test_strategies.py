@@ -5,6 +5,8 @@ import csv
 import json
 import textwrap
 
+import pytest
+
 from conftest import run_cli
 
 SCHEMA = '''
@@ -113,3 +115,19 @@ def test_a_strategy_from_outside_lsexp_is_validated_by_its_own_schema_and_checks
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.startswith("lsexp: config error: loss_scale: ") and "window" in out.stderr
     assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+def test_each_strategys_state_names_are_in_its_checkpoint(train_run, engine):
+    import mindspore as ms
+
+    from conftest import compose_cfg
+    from lsexp.strategies import resolve
+
+    for option in ("dynamic", "dynamic_hysteresis"):
+        overrides = (f"loss_scale={option}", f"engine={engine}", "amp=O2", "train.max_steps=2",
+                     "train.checkpoint=true")
+        _, _, out = train_run(*overrides)
+        saved = ms.load_checkpoint(str(out / "checkpoint.ckpt"))
+        names = resolve(compose_cfg(*overrides)).state_names(engine)
+        assert names and set(names) <= set(saved), (option, names, sorted(saved))

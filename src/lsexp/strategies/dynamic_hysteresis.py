@@ -29,8 +29,8 @@ from mindspore.graph.api import jit_class
 class _HysteresisState:
     """The scaler's state as Parameters (so checkpoints carry it), and DeepSpeed's rule over them."""
 
-    def _init_state(self, init_loss_scale, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale,
-                    scale_factor, scale_window):
+    def _init_state(self, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale, scale_factor,
+                    scale_window):
         self.delayed_shift = Tensor(hysteresis, mstype.int32)
         self.consecutive_hysteresis = bool(consecutive_hysteresis)
         self.min_scale = Tensor(min_loss_scale, mstype.float32)
@@ -70,27 +70,11 @@ class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
     """The update cell the train step calls with (scale Parameter, overflow), like
     DynamicLossScaleUpdateCell."""
 
-    def __init__(
-        self,
-        loss_scale_value,
-        hysteresis,
-        consecutive_hysteresis,
-        min_loss_scale,
-        max_loss_scale,
-        scale_factor,
-        scale_window,
-    ):
+    def __init__(self, loss_scale_value, **options):
+        """options: HysteresisLossScaleManager's, past init_loss_scale."""
         super().__init__()
         self.loss_scale_value = loss_scale_value
-        self._init_state(
-            loss_scale_value,
-            hysteresis,
-            consecutive_hysteresis,
-            min_loss_scale,
-            max_loss_scale,
-            scale_factor,
-            scale_window,
-        )
+        self._init_state(**options)
 
     def get_loss_scale(self):
         return self.loss_scale_value
@@ -103,27 +87,11 @@ class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
 class HysteresisLossScaler(_HysteresisState, DynamicLossScaler):
     """The functional API's counterpart: DynamicLossScaler's scale/unscale, DeepSpeed's adjust."""
 
-    def __init__(
-        self,
-        scale_value,
-        hysteresis,
-        consecutive_hysteresis,
-        min_loss_scale,
-        max_loss_scale,
-        scale_factor,
-        scale_window,
-    ):
-        super().__init__(scale_value, scale_factor, scale_window)
+    def __init__(self, scale_value, **options):
+        """options: HysteresisLossScaleManager's, past init_loss_scale."""
+        super().__init__(scale_value, options["scale_factor"], options["scale_window"])
         del self.counter  # DynamicLossScaler's window counter; the hysteresis state replaces it
-        self._init_state(
-            scale_value,
-            hysteresis,
-            consecutive_hysteresis,
-            min_loss_scale,
-            max_loss_scale,
-            scale_factor,
-            scale_window,
-        )
+        self._init_state(**options)
 
     def adjust(self, grads_finite):
         ops.assign(self.scale_value, self._next_scale(self.scale_value, ops.logical_not(grads_finite)))
@@ -135,25 +103,13 @@ class HysteresisLossScaleManager(LossScaleManager):
     out the update cell (cell engine) or the LossScaler (functional engine). Overflowed updates are
     always dropped."""
 
-    def __init__(
-        self,
-        init_loss_scale: float = 2.0**16,
-        hysteresis: int = 2,
-        consecutive_hysteresis: bool = False,
-        min_loss_scale: float = 1.0,
-        max_loss_scale: Optional[float] = 2.0**24,
-        scale_factor: int = 2,
-        scale_window: int = 1000,
-    ):
+    def __init__(self, init_loss_scale: float = 2.0**16, hysteresis: int = 2,
+                 consecutive_hysteresis: bool = False, min_loss_scale: float = 1.0,
+                 max_loss_scale: Optional[float] = 2.0**24, scale_factor: int = 2, scale_window: int = 1000):
         self.init_loss_scale = init_loss_scale
-        self.options = dict(
-            hysteresis=hysteresis,
-            consecutive_hysteresis=consecutive_hysteresis,
-            min_loss_scale=min_loss_scale,
-            max_loss_scale=max_loss_scale,
-            scale_factor=scale_factor,
-            scale_window=scale_window,
-        )
+        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
+                            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
+                            scale_factor=scale_factor, scale_window=scale_window)
 
     def get_loss_scale(self):
         return self.init_loss_scale
@@ -162,9 +118,8 @@ class HysteresisLossScaleManager(LossScaleManager):
         return True
 
     def update_loss_scale(self, overflow):
-        raise NotImplementedError(
-            "the scale lives in the compiled step: use get_update_cell() or get_loss_scaler()"
-        )
+        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or "
+                                  "get_loss_scaler()")
 
     def get_update_cell(self) -> HysteresisLossScaleUpdateCell:
         return HysteresisLossScaleUpdateCell(self.init_loss_scale, **self.options)

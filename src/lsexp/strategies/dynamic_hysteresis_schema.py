@@ -65,7 +65,7 @@ class Hysteresis(Dynamic):
 
     def state_names(self, engine: str) -> Tuple[str, ...]:
         names = ("lsexp_cur_hysteresis", "lsexp_hysteresis_iter", "lsexp_last_overflow_iter")
-        return (("lsexp_scaler_scale_value",) if engine == "functional" else ("scale_sense",)) + names
+        return (("scale_value",) if engine == "functional" else ("scale_sense",)) + names
 
 
 SCHEMA, STRATEGY = HysteresisLossScaleConfig, Hysteresis

@@ -59,7 +59,7 @@ class Dynamic(Strategy):
 
     def state_names(self, engine: str) -> Tuple[str, ...]:
         if engine == "functional":
-            return ("lsexp_scaler_scale_value", "lsexp_scaler_counter")
+            return ("scale_value", "counter")  # the LossScaler's own Parameters
         return ("scale_sense", "current_iterator_step", "last_overflow_iterator_step")
 
 
