@@ -12,6 +12,7 @@ taken only when it is clearly faster: between near-equal candidates a cleared ca
 the choice, because the cap also changes the convolutions' rounding.
 
     python -m lsexp.runtime.onednn          # calibrate now (or show the cached decision) and print it
+    python -m lsexp.runtime.onednn --again  # measure again and replace this machine's decision
 """
 
 from __future__ import annotations
@@ -20,19 +21,23 @@ import contextlib
 import hashlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 CANDIDATES = (None, "AVX2")  # None: all the CPU has, oneDNN's own choice
 MARGIN = 1.2  # a cap must be this much faster than all the CPU has
-PROBE_TIMEOUT_S = 60.0
+PROBE_TIMEOUT_S = 60.0  # the whole measurement, start-up and compilation included
+ROUNDS = (4, 12)  # turns per candidate: at least, at most
+ROUNDS_BUDGET_S = 4.0  # after the least, no new round past this
+BUSY = 0.25  # a calibration while other processes took this share of the CPUs says so
 CACHE_FILE = "onednn-isa.json"
 ENV = "ONEDNN_MAX_CPU_ISA"
 
-Measure = Callable[[Optional[str]], float]
+Measure = Callable[[Tuple[Optional[str], ...]], Tuple[Dict[Optional[str], float], Optional[float]]]
 
 
 class CalibrationError(Exception):
@@ -107,41 +112,110 @@ def choose(seconds_per_step: Dict[Optional[str], float]) -> Optional[str]:
     return best if capped[best] * MARGIN <= base else None
 
 
-def measure(isa: Optional[str]) -> float:
-    """Seconds per step of the probe in a fresh process with oneDNN capped at isa (None: uncapped)."""
+def _serve(isa: Optional[str]) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != ENV}
     if isa is not None:
         env[ENV] = isa
-    env.setdefault("GLOG_v", "3")  # MindSpore's start-up chatter would fill the captured output
+    env.setdefault("GLOG_v", "3")  # MindSpore's start-up chatter would fill the pipe
+    return subprocess.Popen(
+        [sys.executable, "-m", "lsexp.runtime.onednn", "--serve"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _answer(proc: subprocess.Popen, isa: Optional[str], deadline: float):
+    """The probe's next JSON line, or CalibrationError if it dies or the deadline passes first."""
+    import select
+
+    name = isa or "all the CPU has"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            raise CalibrationError(f"the probe with {name} took over {PROBE_TIMEOUT_S:.0f} s")
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            tail = (proc.stderr.read().strip().splitlines() or ["no output"])[-1]
+            raise CalibrationError(f"the probe with {name} failed ({tail[:200]})")
+        with contextlib.suppress(ValueError):
+            return json.loads(line)
+
+
+def _cpu_seconds(pids) -> Tuple[float, float]:
+    """CPU seconds the whole machine, and the given processes, have used since boot (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    with open("/proc/stat") as fh:
+        fields = [int(v) for v in fh.readline().split()[1:]]
+    machine = sum(fields) - fields[3] - fields[4]  # all but idle and iowait
+    own = 0
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as fh:
+            own += sum(int(v) for v in fh.read().rsplit(")", 1)[1].split()[11:13])  # utime, stime
+    return machine / tick, own / tick
+
+
+def measure(candidates=CANDIDATES) -> Tuple[Dict[Optional[str], float], Optional[float]]:
+    """Seconds per step of the probe under each candidate cap, each in its own process (oneDNN reads
+    its cap once per process), and the share of the CPUs other processes used meanwhile (None where
+    the system does not say). The processes start and compile together, then take turns, a few steps
+    each, over several rounds, never two at once: a load that comes and goes then lands on every
+    candidate alike, where timing one after the other let a busy spell decide. Each candidate's
+    figure is the median over rounds of its fastest step in a round."""
+    procs = {isa: _serve(isa) for isa in candidates}
+    pids = [proc.pid for proc in procs.values()]
+    deadline = time.monotonic() + PROBE_TIMEOUT_S
     try:
-        out = subprocess.run(
-            [sys.executable, "-m", "lsexp.runtime.onednn", "--probe"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=PROBE_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        raise CalibrationError(
-            f"the probe with {isa or 'all the CPU has'} took over {PROBE_TIMEOUT_S:.0f} s"
-        ) from None
-    lines = out.stdout.strip().splitlines()
-    if out.returncode or not lines:
-        tail = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise CalibrationError(f"the probe with {isa or 'all the CPU has'} failed ({tail[:200]})")
-    return float(json.loads(lines[-1])["seconds_per_step"])
+        for isa, proc in procs.items():
+            _answer(proc, isa, deadline)  # compiled and warm
+        fastest = {isa: [] for isa in candidates}
+        started = time.monotonic()
+        try:
+            used_before = _cpu_seconds(pids)
+        except OSError:
+            used_before = None
+        for turn in range(ROUNDS[1]):
+            if turn >= ROUNDS[0] and time.monotonic() - started > ROUNDS_BUDGET_S:
+                break
+            order = candidates if turn % 2 == 0 else candidates[::-1]
+            for isa in order:
+                procs[isa].stdin.write("turn\n")
+                procs[isa].stdin.flush()
+                fastest[isa].append(_answer(procs[isa], isa, deadline))
+        others = None
+        if used_before is not None:
+            machine, own = (after - before for after, before in zip(_cpu_seconds(pids), used_before))
+            others = max(0.0, machine - own) / ((time.monotonic() - started) * (os.cpu_count() or 1))
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(OSError):
+                proc.stdin.close()  # a probe ends at the end of its input
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+    return {isa: statistics.median(times) for isa, times in fastest.items()}, others
 
 
 def calibrate(measure: Measure = measure) -> dict:
-    """Time every candidate, one after another (never two at once: they would time each other)."""
     started = time.perf_counter()
-    seconds = {isa: measure(isa) for isa in CANDIDATES}
-    return {
+    seconds, others = measure(CANDIDATES)
+    entry = {
         "onednn_max_cpu_isa": choose(seconds),
-        "seconds_per_step": {str(isa or "null"): round(s, 6) for isa, s in seconds.items()},
+        "seconds_per_step": {str(isa or "null"): round(seconds[isa], 6) for isa in CANDIDATES},
         "calibration_seconds": round(time.perf_counter() - started, 2),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+    if others is not None:
+        entry["others_cpu_share"] = round(others, 3)
+    return entry
 
 
 def _read(path: Path) -> dict:
@@ -177,13 +251,16 @@ def _locked(folder: Path) -> Iterator[None]:
         yield
 
 
-def cached_or_calibrated(measure: Measure = measure, announce: Callable[[str], None] = print) -> dict:
-    """This machine's entry from the cache; calibrated and cached first if there is none. Jobs that
-    start together wait on one lock, and the first calibrates while the others wait."""
+def cached_or_calibrated(
+    measure: Measure = measure, announce: Callable[[str], None] = print, again: bool = False
+) -> dict:
+    """This machine's entry from the cache; calibrated and cached first if there is none (or if
+    `again`). Jobs that start together wait on one lock, and the first calibrates while the others
+    wait."""
     folder = cache_dir()
     path = folder / CACHE_FILE
     key = machine_key()
-    entry = _read(path).get(_key_id(key))
+    entry = None if again else _read(path).get(_key_id(key))
     if entry is not None:
         return entry
     try:
@@ -197,7 +274,7 @@ def cached_or_calibrated(measure: Measure = measure, announce: Callable[[str], N
         ) from None
     try:
         entries = _read(path)
-        entry = entries.get(_key_id(key))
+        entry = None if again else entries.get(_key_id(key))
         if entry is None:
             announce(
                 "lsexp: timing oneDNN's instruction sets on this machine, once "
@@ -218,6 +295,12 @@ def cached_or_calibrated(measure: Measure = measure, announce: Callable[[str], N
                 f"lsexp: onednn_max_cpu_isa={entry['onednn_max_cpu_isa'] or 'null'} ({timings}; "
                 f"{entry['calibration_seconds']:.1f} s), cached in {path}"
             )
+            if entry.get("others_cpu_share", 0) > BUSY:
+                announce(
+                    f"lsexp: other processes used {entry['others_cpu_share']:.0%} of the CPUs meanwhile, "
+                    f"which can hide a cap's gain; on a quiet machine, `python -m lsexp.runtime.onednn "
+                    f"--again` measures again"
+                )
     finally:
         lock.__exit__(None, None, None)
     return entry
@@ -245,12 +328,16 @@ def auto_isa(
     return _decided["auto"]
 
 
-def probe(steps: int = 30, budget_s: float = 0.5, least: int = 3) -> float:
-    """Median seconds per step of a small float32 training step with the layer kinds the built-in
+def serve(turn_s: float = 0.25, least: int = 2) -> None:
+    """Answer each line of input with the fastest step of a turn (at least `least` steps, then until
+    turn_s has passed) of a small float32 training step with the layer kinds the built-in
     models use: 2-D convolutions (LeNet5, ResNet), dense layers (all) and attention (Transformer)."""
     import mindspore as ms
     import numpy as np
     from mindspore import nn, ops
+
+    def answer(value) -> None:
+        print(json.dumps(value), flush=True)
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(0)
@@ -289,22 +376,27 @@ def probe(steps: int = 30, budget_s: float = 0.5, least: int = 3) -> float:
     tokens = ms.Tensor(rng.standard_normal((32, 16, 32), dtype=np.float32))
     for _ in range(2):  # compilation, then oneDNN's first-call primitive creation
         step(image, tokens).asnumpy()
-    times = []
-    started = time.perf_counter()
-    while len(times) < least or (len(times) < steps and time.perf_counter() - started < budget_s):
-        t = time.perf_counter()
-        step(image, tokens).asnumpy()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+    answer("ready")
+    for _ in sys.stdin:
+        times = []
+        started = time.perf_counter()
+        while len(times) < least or time.perf_counter() - started < turn_s:
+            t = time.perf_counter()
+            step(image, tokens).asnumpy()
+            times.append(time.perf_counter() - t)
+        answer(min(times))
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv == ["--probe"]:
-        print(json.dumps({"seconds_per_step": probe()}))
+    if argv == ["--serve"]:
+        serve()
         return 0
+    if argv not in ([], ["--again"]):
+        print(f"lsexp: unknown arguments {' '.join(argv)}; use --again to calibrate again", file=sys.stderr)
+        return 2
     try:
-        entry = cached_or_calibrated()
+        entry = cached_or_calibrated(again=argv == ["--again"])
     except CalibrationError as err:
         print(f"lsexp: {err}", file=sys.stderr)
         return 1
