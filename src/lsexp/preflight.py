@@ -19,11 +19,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lsexp import strategies
+from lsexp import schedules, strategies
 from lsexp.config import families
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import known_num_train, total_steps, world_size
-from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, PARALLEL_MODES
+from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, ON_SKIP, PARALLEL_MODES
 from lsexp.report import studies
 from lsexp.runtime.device import device_problems
 from lsexp.scaleout import launchers
@@ -46,7 +46,7 @@ def validate(cfg: DictConfig) -> Strategy:
 
     if strategy is not None:
         p += strategy.problems(cfg)
-    opt_scale = cfg.optimizer.loss_scale
+    opt_scale = cfg.optimizer.get("loss_scale")
     if opt_scale is not None and not finite_positive(opt_scale):
         p.append(f"optimizer.loss_scale={opt_scale}: must be a finite number > 0; leave it unset")
     par = cfg.parallel
@@ -80,10 +80,7 @@ def validate(cfg: DictConfig) -> Strategy:
     if cfg.study is not None:
         if cfg.study not in studies.available():
             p.append(f"study={cfg.study}: no such study; use one of {', '.join(studies.available())} or null")
-    if not finite_positive(cfg.optimizer.learning_rate):
-        p.append(f"optimizer.learning_rate={cfg.optimizer.learning_rate}: must be a finite number > 0")
-    if "momentum" in cfg.optimizer and not 0 <= cfg.optimizer.momentum:
-        p.append(f"optimizer.momentum={cfg.optimizer.momentum}: must be >= 0; e.g. 0.9")
+    p += _recipe_problems(cfg)
 
     d = cfg.dataset
     if d.batch_size < 1:
@@ -133,6 +130,8 @@ def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
     n, p = total_steps(cfg, num_train), []
     if n < 1:
         p.append(f"dataset.batch_size={cfg.dataset.batch_size}: larger than the data, so the run has no step")
+        return p
+    p += _schedule_problems(cfg, n)
     for key in ("inject.overflow_steps", "telemetry.histogram_steps"):
         steps = list(OmegaConf.select(cfg, key))
         outside = [k for k in steps if not 1 <= k <= n]
@@ -141,6 +140,42 @@ def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
                 f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
                 f"range or raise train.max_steps"
             )
+    return p
+
+
+def _recipe_problems(cfg: DictConfig) -> List[str]:
+    """The optimizer's and the schedule's keys, as far as the run's step count is not needed."""
+    o, p = cfg.optimizer, []
+    if not finite_positive(o.learning_rate):
+        p.append(f"optimizer.learning_rate={o.learning_rate}: must be a finite number > 0")
+    if o.weight_decay < 0:
+        p.append(f"optimizer.weight_decay={o.weight_decay}: must be >= 0; e.g. 0.01")
+    if o.clip_grad_norm is not None and not finite_positive(o.clip_grad_norm):
+        p.append(f"optimizer.clip_grad_norm={o.clip_grad_norm}: must be a finite number > 0, e.g. 1.0, "
+                 f"or null for no clipping")
+    family = families.of("optimizer", o._target_)
+    p += list(getattr(family, "problems", lambda _: [])(cfg))
+    ls = cfg.lr_schedule
+    if ls.on_skip not in ON_SKIP:
+        p.append(f"lr_schedule.on_skip={ls.on_skip}: use hold (a skipped update holds the schedule) or "
+                 f"advance (it moves every step)")
+    for key in ("warmup_steps", "total_steps"):
+        if ls.get(key) is not None and ls[key] < (0 if key == "warmup_steps" else 1):
+            p.append(f"lr_schedule.{key}={ls[key]}: must be >= {0 if key == 'warmup_steps' else 1}, "
+                     f"or null for the default")
+    return p
+
+
+def _schedule_problems(cfg: DictConfig, n: int) -> List[str]:
+    """The schedule's steps against the run's n optimizer steps."""
+    ls, p = cfg.lr_schedule, []
+    total = schedules.total_of(ls, n) if "total_steps" in ls else n
+    if ls.get("total_steps") is not None and total < n:
+        p.append(f"lr_schedule.total_steps={total}: smaller than this run's {n} optimizer steps, so the "
+                 f"schedule would end before the run; raise it to >= {n} or leave it null")
+    if "warmup_steps" in ls and schedules.warmup_of(ls, total) >= total:
+        p.append(f"lr_schedule.warmup_steps={ls.warmup_steps}: the warm-up must end before the schedule's "
+                 f"{total} steps; lower it below {total}")
     return p
 
 

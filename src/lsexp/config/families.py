@@ -1,5 +1,6 @@
-"""Finds the model, data set and loss-scale strategy families: each `<family>_schema.py` in
-lsexp/models, lsexp/datasets and lsexp/strategies.
+"""Finds the model, data set, loss-scale strategy, optimizer and lr-schedule families: each
+`<family>_schema.py` in lsexp/models, lsexp/datasets, lsexp/strategies, lsexp/optimizers and
+lsexp/schedules.
 
 Adding a family is adding its module, its schema module and its YAML; nothing here names them.
 A schema module holds SCHEMA (a dataclass, registered as the option `base_<family>`) and imports only
@@ -17,7 +18,13 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Dict, Optional
 
-PACKAGES = {"model": "lsexp.models", "dataset": "lsexp.datasets", "loss_scale": "lsexp.strategies"}
+PACKAGES = {
+    "model": "lsexp.models",
+    "dataset": "lsexp.datasets",
+    "loss_scale": "lsexp.strategies",
+    "optimizer": "lsexp.optimizers",
+    "lr_schedule": "lsexp.schedules",
+}
 SUFFIX = "_schema"
 
 

@@ -11,7 +11,6 @@ from lsexp.config.schema import (
     Config,
     DeviceConfig,
     EngineConfig,
-    MomentumConfig,
     ParallelConfig,
     TelemetryConfig,
     TrackingConfig,
@@ -28,7 +27,6 @@ def register_configs() -> None:
     for group, name, node in [
         ("amp", "base_amp", AmpConfig),
         ("engine", "base_engine", EngineConfig),
-        ("optimizer", "base_momentum", MomentumConfig),
         ("device", "base_device", DeviceConfig),
         ("train", "base_train", TrainConfig),
         ("tracking", "base_tracking", TrackingConfig),

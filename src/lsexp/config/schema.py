@@ -89,20 +89,42 @@ class EngineConfig:
     name: str = MISSING  # cell or functional, as the run's params and names show it
 
 
-# --- optimizer -------------------------------------------------------------------------------
+# --- optimizer and lr_schedule --------------------------------------------------------------
 @dataclass
 class OptimizerConfig:
+    """The keys every optimizer option has; each family's own are in lsexp/optimizers/<name>_schema.py.
+    clip_grad_norm and decay_filter are lsexp's, never passed to the class."""
+
     _target_: str = MISSING
     learning_rate: float = 0.01
     weight_decay: float = 0.0
+    # The global norm the unscaled gradients are clipped to (ops.clip_by_global_norm's clip_norm), after
+    # the overflow check; None: no clipping.
+    clip_grad_norm: Optional[float] = None
+    # True: no weight decay on biases and normalisation parameters (beta, gamma, moving statistics), by
+    # parameter groups as MindSpore's examples build them.
+    decay_filter: bool = False
+
+
+@dataclass
+class ScaledOptimizerConfig(OptimizerConfig):
+    """An optimizer whose class takes loss_scale and divides the gradients by it (Momentum, SGD, Adam)."""
+
     # None: follow the strategy (the manager's scale for fixed_nodrop, 1.0 otherwise).
     loss_scale: Optional[float] = None
 
 
+ON_SKIP = ("hold", "advance")
+
+
 @dataclass
-class MomentumConfig(OptimizerConfig):
-    _target_: str = "mindspore.nn.Momentum"
-    momentum: float = 0.9
+class LrScheduleConfig:
+    """The keys every lr_schedule option has; each family's own are in lsexp/schedules/<name>_schema.py."""
+
+    _target_: str = MISSING
+    # hold: a skipped update does not move the schedule (MindSpore's optimizers advance global_step only
+    # when they run); advance: it moves every step, as a PyTorch scheduler.step() per iteration does.
+    on_skip: str = "hold"
 
 
 # --- device, train, inject -------------------------------------------------------------------
@@ -185,6 +207,7 @@ class Config:
     loss_scale: Any = MISSING
     engine: EngineConfig = MISSING
     optimizer: OptimizerConfig = MISSING
+    lr_schedule: LrScheduleConfig = MISSING
     device: DeviceConfig = MISSING
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING

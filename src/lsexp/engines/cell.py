@@ -21,16 +21,17 @@ from mindspore.amp import all_finite
 # private: the unscaling map TrainOneStepWithLossScaleCell applies, so this cell does exactly what it does
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
-from lsexp.engines.recorder import StepRecorder, injection
+from lsexp.engines.recorder import Recipe, StepRecorder, injection
 
 
 class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
-    def __init__(self, network, optimizer, scale_sense, *, inject_steps=(), last_step=0, native_check=False,
-                 telemetry=False, inject_graph=False):
+    def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
+                 native_check=False, telemetry=False, inject_graph=False):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recipe(recipe)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
@@ -43,8 +44,9 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         return ops.logical_not(all_finite(compute_output))
 
     def construct(self, *inputs):
-        # The body of TrainOneStepWithLossScaleCell.construct, plus injection and stats.
+        # The body of TrainOneStepWithLossScaleCell.construct, plus injection, the recipe and stats.
         weights = self.weights
+        lr = self._lr()
         loss = self.network(*inputs)
         scaling_sens = self.scale_sense
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
@@ -63,11 +65,19 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         grads = self.grad_reducer(grads)
         cond = self.get_overflow_status(status, grads)
         overflow = self.process_loss_scale(cond)
+        clip = []
+        if self.clip:  # the gradients are unscaled here; a skipped step is not clipped
+            factor, norm = self._clip_factor(grads, self.one)
+            clip = [norm, ops.cast(ops.logical_and(ops.logical_not(overflow), norm > self.clip_norm),
+                                   mstype.float32)]
         if not overflow:
+            if self.clip:
+                grads = self._times(factor, grads)
             loss = ops.depend(loss, self.optimizer(grads))
+        loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, telemetry)
+        return self._stats(loss, cond, scale_used, overflow, self.one, lr, clip + telemetry)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -76,16 +86,22 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
     the overflow flag is only recorded."""
 
-    def __init__(self, network, optimizer, sens, *, inject_steps=(), last_step=0, native_check=False,
-                 telemetry=False, inject_graph=False):
+    def __init__(self, network, optimizer, sens, *, recipe=Recipe(), inject_steps=(), last_step=0,
+                 native_check=False, telemetry=False, inject_graph=False):
         super().__init__(network, optimizer, sens)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recipe(recipe)
         self.scale = Tensor(sens, mstype.float32)
+        # what the gradients still carry when they reach the optimizer, and what the step takes off first
+        self.carried = self.scale if recipe.optimizer_divides else self.one
+        self.divide = sens != 1 and not recipe.optimizer_divides
+        self.inverse = Tensor(1.0 / sens, mstype.float32)
 
     def scale_now(self) -> float:
         return float(self.sens)
 
     def construct(self, *inputs):
+        lr = self._lr()
         loss = self.network(*inputs)
         sens = ops.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
@@ -93,17 +109,25 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         overflow = ops.logical_not(all_finite(grads))
+        if self.divide:
+            grads = self._times(self.inverse, grads)
+        clip = []
+        if self.clip:  # of the unscaled gradients: the norm is divided by what the optimizer takes off
+            factor, norm = self._clip_factor(grads, self.carried)
+            clip = [norm, ops.cast(norm > self.clip_norm, mstype.float32)]
+            grads = self._times(factor, grads)
         loss = ops.depend(loss, self.optimizer(grads))
+        loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite, telemetry)
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, clip + telemetry)
 
 
 def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool, rank: int = 0) -> nn.Cell:
+                     native_check: bool, rank: int = 0, recipe: Recipe = Recipe()) -> nn.Cell:
     """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
     overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
-    kwargs = injection(cfg, last_step, native_check, rank)
+    kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe)
     if not strategy.drops_overflow:
         return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(), **kwargs)

@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import all_finite
 
-from lsexp.engines.recorder import StepRecorder, injection
+from lsexp.engines.recorder import Recipe, StepRecorder, injection
 
 
 def _grad_reducer(weights):
@@ -42,8 +42,8 @@ def _grad_reducer(weights):
 class FunctionalTrainStep(StepRecorder, nn.Cell):
     """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
 
-    def __init__(self, network, optimizer, scaler, drop_overflow_update, *, inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, inject_graph=False):
+    def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
+                 last_step=0, native_check=False, telemetry=False, inject_graph=False):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -52,6 +52,9 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.drop = drop_overflow_update
         self.grad_reducer = _grad_reducer(self.weights)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recipe(recipe)
+        # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
+        self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
         # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
         for name, value in (vars(scaler) if scaler is not None else {}).items():
             if isinstance(value, Parameter):
@@ -71,24 +74,39 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
 
     def construct(self, *inputs):
         scale = self.one if self.scaler is None else ops.assign(self.scale_used, self.scaler.scale_value)
+        lr = self._lr()
         (_, loss), grads = self.grad_fn(*inputs)
         telemetry = self._grad_telemetry(grads, scale) if self.telemetry else []
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         finite = all_finite(grads)
+        clip = []
         if self.drop:
+            if self.clip:  # of the unscaled gradients; a skipped step is not clipped
+                factor, norm = self._clip_factor(grads, scale)
+                clip = [norm, ops.cast(ops.logical_and(finite, norm > self.clip_norm), mstype.float32)]
             if finite:
-                loss = ops.depend(loss, self.optimizer(self.scaler.unscale(grads)))
+                grads = self.scaler.unscale(grads)
+                if self.clip:
+                    grads = self._times(factor, grads)
+                loss = ops.depend(loss, self.optimizer(grads))
             params_finite = self.one
             skipped = ops.logical_not(finite)
         else:
-            # fixed_nodrop: the optimizer's own loss_scale unscales
+            # fixed_nodrop: the optimizer's own loss_scale unscales, or the step does for one without
+            if self.divide:
+                grads = self.scaler.unscale(grads)
+            if self.clip:
+                factor, norm = self._clip_factor(grads, self.one if self.divide else scale)
+                clip = [norm, ops.cast(norm > self.clip_norm, mstype.float32)]
+                grads = self._times(factor, grads)
             loss = ops.depend(loss, self.optimizer(grads))
             params_finite = all_finite(ops.depend(self.weights, loss))
             skipped = self.zero
         if self.scaler is not None:
             loss = ops.depend(loss, self.scaler.adjust(finite))
-        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, telemetry)
+        loss = self._schedule_moved(loss)
+        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr, clip + telemetry)
 
 
 def build_train_step(
@@ -99,6 +117,7 @@ def build_train_step(
     last_step: int,
     native_check: bool,
     rank: int = 0,
+    recipe: Recipe = Recipe(),
 ) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
     return FunctionalTrainStep(
@@ -106,5 +125,6 @@ def build_train_step(
         optimizer,
         strategy.scaler(),
         strategy.drops_overflow,
+        recipe=recipe,
         **injection(cfg, last_step, native_check, rank),
     )

@@ -1,17 +1,19 @@
 """What both engines' train steps share: the step counter, overflow injection inside the compiled step,
-and one small stats vector per step (loss, overflow, scale used, update skipped, parameters finite, and
-with telemetry the gradient statistics), so recording costs the single host sync that reading the loss
-needs anyway."""
+the recipe around the update (the learning rate the step uses, clipping of the unscaled gradients, a
+schedule that moves on skipped steps), and one small stats vector per step (loss, overflow, scale used,
+update skipped, parameters finite, learning rate, and with clipping or telemetry their figures), so
+recording costs the single host sync that reading the loss needs anyway."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from dataclasses import dataclass
+from typing import Iterable, Optional
 
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 
-from lsexp.engines import FP16_MAX, FP16_TINY
+from lsexp.engines import CLIP, FP16_MAX, FP16_TINY, TELEMETRY
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -29,6 +31,26 @@ def _flatten_grad(grad):
     return ops.cast(grad, mstype.float32).reshape((-1,))
 
 
+_square_sum = ops.MultitypeFuncGraph("lsexp_square_sum")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_grad(grad):
+    g = ops.cast(grad, mstype.float32)
+    return (g * g).sum()
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What the train step does around the optimizer's update, beside the strategy."""
+
+    clip_grad_norm: Optional[float] = None  # the unscaled gradients' global norm is clipped to this
+    # False: the optimizer takes no loss_scale (AdamWeightDecay, Lamb), so gradients that would reach it
+    # scaled (fixed_nodrop) are divided by the scale in the step first
+    optimizer_divides: bool = True
+    # lr_schedule.on_skip=advance: the schedule's own counter (lsexp.schedules.cells.OnOwnCounter's
+    # Parameter), moved every step
+    schedule_counter: Optional[Parameter] = None
 
 
 class StepRecorder:
@@ -55,6 +77,37 @@ class StepRecorder:
         self.one = Tensor(1.0, mstype.float32)
         self.zero = Tensor(0.0, mstype.float32)
 
+    def _init_recipe(self, recipe: Recipe):
+        self.clip = recipe.clip_grad_norm is not None
+        self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
+        self.optimizer_divides = recipe.optimizer_divides
+        self.advance = recipe.schedule_counter is not None
+        self.step_one = Tensor([1], mstype.int32)
+        self.columns = ("lr",) + (CLIP if self.clip else ()) + (TELEMETRY if self.telemetry else ())
+
+    def _lr(self):
+        """The learning rate this step's update uses, or would use if it is skipped: read before the
+        optimizer runs, at the step the optimizer will pass its schedule."""
+        lr = self.optimizer.learning_rate
+        if self.optimizer.dynamic_lr:
+            lr = lr(self.optimizer.global_step)
+        return ops.cast(lr, mstype.float32).reshape(())
+
+    def _clip_factor(self, grads, carried):
+        """(factor, norm): the global norm of gradients still scaled by `carried`, unscaled, and the
+        factor that clips them, ops.clip_by_global_norm's clip_norm / max(norm, clip_norm), written out
+        because the step records the norm too."""
+        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads))) / carried
+        return self.clip_norm / ops.maximum(norm, self.clip_norm), norm
+
+    def _times(self, factor, grads):
+        return self.hyper_map(ops.partial(_poison, factor), grads)
+
+    def _schedule_moved(self, loss):
+        if self.advance:
+            loss = ops.depend(loss, ops.assign_add(self.optimizer.learning_rate.step, self.step_one))
+        return loss
+
     def _advance_and_inject(self, grads):
         if self.inject:
             step = self.lsexp_step + 1
@@ -78,7 +131,7 @@ class StepRecorder:
         norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
         return [norm, under, over, zero]
 
-    def _stats(self, loss, overflow, scale, skipped, params_finite, telemetry=()):
+    def _stats(self, loss, overflow, scale, skipped, params_finite, lr, extra=()):
         # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
         return ops.stack(
             [
@@ -87,7 +140,8 @@ class StepRecorder:
                 scale.reshape(()),
                 ops.cast(skipped, mstype.float32),
                 ops.cast(params_finite, mstype.float32),
-                *telemetry,
+                lr,
+                *extra,
             ]
         )
 

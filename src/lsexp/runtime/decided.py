@@ -44,7 +44,7 @@ def decide(cfg, optimizer_loss_scale: float, parallel_jobs: int) -> Iterator[Dec
     the jobs that share the machine, the calibrated cap `auto` stands for, and the optimizer's scale (as
     given, or the strategy's)."""
     dev = cfg.device
-    opt = cfg.optimizer.loss_scale
+    opt = cfg.optimizer.get("loss_scale")
     with device.cpu_share(dev.affinity_cpu_list, parallel_jobs) as cpus:
         yield Decided(optimizer_loss_scale=float(opt) if opt is not None else float(optimizer_loss_scale),
                       threads_num=device.threads_for(dev.threads_num, parallel_jobs),

@@ -61,7 +61,7 @@ class Strategy:
 
     def problems(self, cfg: DictConfig) -> List[str]:
         """The checks its keys' types cannot express, and optimizer.loss_scale against it."""
-        opt = cfg.optimizer.loss_scale
+        opt = cfg.optimizer.get("loss_scale")
         if opt is None or not finite_positive(opt) or self.optimizer_loss_scale != 1 or opt == 1:
             return []
         return [

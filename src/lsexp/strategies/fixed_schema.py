@@ -37,7 +37,7 @@ class Fixed(Strategy):
         return 1.0 if self.drops_overflow else self.scale
 
     def problems(self, cfg) -> List[str]:
-        ls, opt = self.config, cfg.optimizer.loss_scale
+        ls, opt = self.config, cfg.optimizer.get("loss_scale")
         p = []
         if not scale_ok(ls.loss_scale):
             p.append(

@@ -25,11 +25,18 @@ def network(cfg):
     return instantiate(cfg.model, _convert_="all")
 
 
-def build_optimizer(cfg, params, loss_scale: float):
-    """The optimizer group, with the loss_scale the strategy leaves the gradients scaled by."""
-    from hydra.utils import instantiate
+def build_optimizer(cfg, params, loss_scale: float, run_steps: int):
+    """(optimizer, recipe): the optimizer group at the lr_schedule group's learning rate, with the
+    loss_scale the strategy leaves the gradients scaled by where its class takes one, and what the train
+    step does around its update."""
+    from lsexp import optimizers, schedules
+    from lsexp.engines.recorder import Recipe
 
-    return instantiate(cfg.optimizer, params=params, loss_scale=loss_scale, _convert_="all")
+    learning_rate, counter = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
+    optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale)
+    return optimizer, Recipe(clip_grad_norm=cfg.optimizer.clip_grad_norm,
+                             optimizer_divides=optimizers.divides_itself(cfg.optimizer),
+                             schedule_counter=counter)
 
 
 def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, rank: int = 0, net=None):
@@ -48,9 +55,9 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
     with contextlib.chdir(out_dir):
         net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
     loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
-    optimizer = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale)
+    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
     step_cell = build_train_step(cfg, strategy, loss_net, optimizer, last_step, native_check=target != "CPU",
-                                 rank=rank)
+                                 rank=rank, recipe=recipe)
     step_cell.set_train()
     return net, step_cell

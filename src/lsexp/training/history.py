@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
-INTEGER_COLUMNS = ("step", "epoch", "overflow", "skipped_steps")  # the rest, telemetry's included, are floats
+INTEGER_COLUMNS = ("step", "epoch", "overflow", "skipped_steps", "clipped")  # the rest are floats
 
 
 @dataclass

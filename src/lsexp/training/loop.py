@@ -13,7 +13,6 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from lsexp.config.facts import run_name, steps_per_epoch, total_steps
-from lsexp.engines import TELEMETRY
 from lsexp.runtime import device
 from lsexp.training import checkpoint
 from lsexp.training.build import build, load_data
@@ -161,8 +160,9 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         "overflow": int(overflow),
         "skipped_steps": run.skipped,
     }
-    if len(values) > 5:
-        row.update(zip(TELEMETRY, values[5:]))
+    row.update(zip(run.step_cell.columns, values[5:]))  # lr, then clipping's and telemetry's
+    if "clipped" in row:
+        row["clipped"] = int(row["clipped"])
     run.history.rows.append(row)
     run.progress.update(loss, scale)
     if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step
@@ -242,6 +242,8 @@ def _summarise(history: History, cfg, step: int, diverged_at: Optional[int], sca
         "diverged": diverged_at is not None,
         "diverged_at_step": diverged_at,
     }
+    if rows and "clipped" in rows[0]:
+        out["clipped_steps"] = sum(row["clipped"] for row in rows)
     if history.epoch_eval:
         out["eval_accuracy"] = history.epoch_eval[-1]["eval_accuracy"]
         out["eval_loss"] = history.epoch_eval[-1]["eval_loss"]

@@ -1,0 +1,52 @@
+"""The lr_schedule group: the learning rate as a function of the step, from MindSpore's
+nn.learning_rate_schedule cells (lsexp.schedules.cells).
+
+`on_skip` says which step: `hold` gives the schedule the optimizer's own global_step, which MindSpore's
+optimizers advance only when they run, so a skipped update holds it; `advance` gives it a counter of
+its own that the train step moves every step, as a PyTorch scheduler.step() per iteration does. The
+optimizer's global_step, which Lamb's bias correction reads, is left alone either way. Each family is
+its `<name>_schema.py` here and its YAML under conf/lr_schedule/.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from omegaconf import DictConfig, OmegaConf
+
+OWN_KEYS = ("on_skip",)
+
+
+def warmup_of(cfg_schedule: DictConfig, total: int) -> int:
+    """warmup_steps as given, or a tenth of the schedule's steps when null."""
+    w = cfg_schedule.get("warmup_steps")
+    return total // 10 if w is None else int(w)
+
+
+def total_of(cfg_schedule: DictConfig, run_steps: int) -> int:
+    """total_steps as given, or the run's optimizer steps when null."""
+    t = cfg_schedule.get("total_steps")
+    return run_steps if t is None else int(t)
+
+
+def build(cfg_schedule: DictConfig, learning_rate: float, run_steps: int):
+    """(learning_rate for the optimizer, the counter `advance` moves or None): a float for a constant
+    rate, else a LearningRateSchedule over the run's optimizer steps."""
+    from hydra.utils import get_method
+
+    kwargs = OmegaConf.to_container(cfg_schedule, resolve=True)
+    target = kwargs.pop("_target_")
+    for key in OWN_KEYS:
+        kwargs.pop(key)
+    if "total_steps" in kwargs:
+        kwargs["total_steps"] = total_of(cfg_schedule, run_steps)
+    if "warmup_steps" in kwargs:
+        kwargs["warmup_steps"] = warmup_of(cfg_schedule, kwargs.get("total_steps", run_steps))
+    schedule = get_method(target)(learning_rate=learning_rate, **kwargs)
+    counter: Optional[object] = None
+    if cfg_schedule.on_skip == "advance" and not isinstance(schedule, float):
+        from lsexp.schedules.cells import OnOwnCounter
+
+        schedule = OnOwnCounter(schedule)
+        counter = schedule.step
+    return schedule, counter
