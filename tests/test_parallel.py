@@ -185,3 +185,17 @@ def test_data_parallel_inside_a_sweep_job(tmp_path):
     children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
     assert sorted(c.info.status for c in children) == ["FINISHED", "FINISHED"]
     assert all(c.data.params["world_size"] == "2" for c in children)
+
+
+@pytest.mark.msrun
+def test_accumulation_under_data_parallel_reduces_once_per_step_and_the_ranks_stay_identical(tmp_path):
+    # micro-batch 6 on rank 1 is the 2nd of optimizer step 2 (k = 4): both ranks skip that step
+    out, _, run_dir = _lsexp(tmp_path, "loss_scale=fixed_drop", "train.accumulate_steps=4",
+                             "dataset.batch_size=8", "inject.overflow_steps=[6]", "inject.rank=1",
+                             "train.max_steps=5", "tracking=none")
+    assert out.returncode == 0, out.stderr
+    rows = read_history(run_dir / "history.csv")
+    assert [r["overflow"] for r in rows] == [0, 1, 0, 0, 0] and rows[-1]["skipped_steps"] == 1
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_identical"] is True
+    digests = sorted(run_dir.glob("msrun_log/rank*.params_sha256"))
+    assert len(digests) == 2 and len({p.read_text() for p in digests}) == 1

@@ -83,6 +83,42 @@ def trained(summary, rows):
     assert summary["skipped_steps"] < 20 and len({r["loss"] for r in rows}) > 1
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("option", ("none", "fixed_drop"))
+def test_four_micro_batches_of_8_are_one_batch_of_32(train_run, option, engine):
+    common = ("amp=O0", f"loss_scale={option}", f"engine={engine}", "train.max_steps=10",
+              "train.checkpoint=true")
+    _, rows, micro = train_run(*common, "train.accumulate_steps=4", "dataset.batch_size=8")
+    _, whole_rows, whole = train_run(*common, "dataset.batch_size=32")
+    assert len(rows) == len(whole_rows) == 10
+    assert np.allclose([r["loss"] for r in rows], [r["loss"] for r in whole_rows], rtol=1e-5)
+    assert relative_gap(parameters(micro), parameters(whole)) < 1e-5
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_overflow_in_one_micro_batch_skips_its_whole_step_and_backs_off_once(train_run, engine):
+    summary, rows, _ = train_run("amp=O2", "loss_scale=dynamic", "loss_scale.init_loss_scale=1024",
+                                 f"engine={engine}", "train.accumulate_steps=4", "dataset.batch_size=8",
+                                 "train.max_steps=5", "inject.overflow_steps=[7]")  # step 2's 3rd
+    assert [r["overflow"] for r in rows] == [0, 1, 0, 0, 0] and summary["skipped_steps"] == 1
+    assert [r["loss_scale"] for r in rows] == [1024.0, 1024.0, 512.0, 512.0, 512.0]
+
+
+def test_accumulation_counts_optimizer_steps_and_refuses_more_micro_batches_than_an_epoch(tmp_path):
+    from lsexp.config.facts import steps_per_epoch
+
+    cfg = compose_cfg("train.accumulate_steps=4", "dataset.batch_size=8")
+    assert steps_per_epoch(cfg, 1000) == 1000 // 32
+    out = run_cli("train.accumulate_steps=4", "dataset=synthetic", "dataset.num_samples=64",
+                  "dataset.batch_size=32", cwd=tmp_path)
+    assert out.returncode == 2 and "train.accumulate_steps=4" in out.stderr
+    assert "lower it to <= 2" in out.stderr
+    out = run_cli("train.accumulate_steps=2", "train.max_steps=3", "inject.overflow_steps=[7]", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "micro-batch(s) [7] are outside this run's micro-batches 1..6" in out.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("optimizer, option, engine", [
     ("momentum", "fixed_nodrop", "cell"),
     ("sgd", "dynamic", "functional"),
@@ -135,6 +171,7 @@ def test_decay_filter_leaves_biases_and_norm_parameters_undecayed():
     ("lr_schedule=warmup_cosine lr_schedule.total_steps=10", "lr_schedule.total_steps=10"),
     ("optimizer=adam optimizer.beta2=1.5", "optimizer.beta2=1.5"),
     ("optimizer=lamb", "optimizer=lamb on device_target=CPU"),
+    ("train.accumulate_steps=0", "train.accumulate_steps=0"),
 ])
 def test_a_bad_recipe_is_one_line_and_exit_2_with_nothing_written(tmp_path, override, says):
     out = run_cli(*override.split(), "train.max_steps=20", cwd=tmp_path)

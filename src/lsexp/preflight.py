@@ -91,6 +91,9 @@ def validate(cfg: DictConfig) -> Strategy:
     t = cfg.train
     if t.epochs < 1:
         p.append(f"train.epochs={t.epochs}: must be >= 1; e.g. 10")
+    if t.accumulate_steps < 1:
+        p.append(f"train.accumulate_steps={t.accumulate_steps}: must be >= 1 micro-batch per optimizer step; "
+                 f"1 turns accumulation off")
     if t.max_steps is not None and t.max_steps < 1:
         p.append(f"train.max_steps={t.max_steps}: must be >= 1, or null for no cap")
     if t.objective not in OBJECTIVES:
@@ -128,17 +131,27 @@ def validate(cfg: DictConfig) -> Strategy:
 def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
     """What needs the run's step count: known here for lsexp's data sets, after building for a user's."""
     n, p = total_steps(cfg, num_train), []
+    k = cfg.train.accumulate_steps
+    if n < 1 and k > 1:
+        micro = num_train // (cfg.dataset.batch_size * world_size(cfg))
+        p.append(f"train.accumulate_steps={k}: more micro-batches than an epoch's {micro} of "
+                 f"dataset.batch_size={cfg.dataset.batch_size}; lower it to <= {micro}")
+        return p
     if n < 1:
         p.append(f"dataset.batch_size={cfg.dataset.batch_size}: larger than the data, so the run has no step")
         return p
     p += _schedule_problems(cfg, n)
-    for key in ("inject.overflow_steps", "telemetry.histogram_steps"):
+    # injection counts micro-batches (k per optimizer step), histograms optimizer steps
+    for key, last, (unit, units) in (
+        ("inject.overflow_steps", n * k, ("micro-batch", "micro-batches") if k > 1 else ("step", "steps")),
+        ("telemetry.histogram_steps", n, ("step", "steps")),
+    ):
         steps = list(OmegaConf.select(cfg, key))
-        outside = [k for k in steps if not 1 <= k <= n]
+        outside = [s for s in steps if not 1 <= s <= last]
         if outside:
             p.append(
-                f"{key}={steps}: step(s) {outside} are outside this run's steps 1..{n}; pick steps in that "
-                f"range or raise train.max_steps"
+                f"{key}={steps}: {unit}(s) {outside} are outside this run's {units} 1..{last}; pick "
+                f"{units} in that range or raise train.max_steps"
             )
     return p
 

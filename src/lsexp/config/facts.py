@@ -13,9 +13,14 @@ def world_size(cfg: DictConfig) -> int:
     return int(cfg.parallel.workers) if cfg.parallel.parallel_mode == "data_parallel" else 1
 
 
+def step_batch(cfg: DictConfig) -> int:
+    """One rank's samples at an optimizer step: train.accumulate_steps micro-batches of dataset.batch_size."""
+    return cfg.dataset.batch_size * cfg.train.accumulate_steps
+
+
 def steps_per_epoch(cfg: DictConfig, num_train: int) -> int:
-    """Each of the world's ranks takes its own batch of dataset.batch_size at every step."""
-    b = cfg.dataset.batch_size * world_size(cfg)
+    """Each of the world's ranks takes its own step batch (step_batch) at every optimizer step."""
+    b = step_batch(cfg) * world_size(cfg)
     return num_train // b if cfg.dataset.drop_remainder else -(-num_train // b)
 
 

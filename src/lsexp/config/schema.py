@@ -150,6 +150,9 @@ class DeviceConfig:
 class TrainConfig:
     epochs: int = 10
     max_steps: Optional[int] = None
+    # Micro-batches of dataset.batch_size per optimizer step, their gradients averaged in the step; steps,
+    # max_steps and every *_steps key count optimizer steps, epochs passes over the data.
+    accumulate_steps: int = 1
     seed: int = 1
     mode: str = "graph"
     checkpoint: bool = False

@@ -28,15 +28,22 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
     def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, inject_graph=False):
+                 native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
+                 micro_batch=0):
         super().__init__(network, optimizer, scale_sense)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
+                            micro_batch)
         self._init_recipe(recipe)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
     def scale_now(self) -> float:
         return float(self.scale_sense.asnumpy())
+
+    def _micro_step(self, scaling_sens, *inputs):  # one of _accumulate's micro-batches
+        loss = self.network(*inputs)
+        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+        return loss, self.grad(self.network, self.weights)(*inputs, scaling_sens_filled)
 
     def get_overflow_status(self, status, compute_output):
         if self.native_check:
@@ -45,18 +52,20 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
 
     def construct(self, *inputs):
         # The body of TrainOneStepWithLossScaleCell.construct, plus injection, the recipe and stats.
-        weights = self.weights
         lr = self._lr()
-        loss = self.network(*inputs)
         scaling_sens = self.scale_sense
+        loss = self.network(*inputs) if self.k == 1 else scaling_sens
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
         scale_used = scaling_sens
         if self.dynamic:
             # The update cell assigns the scale in place, and the graph compiler folds a plain copy back
             # into the Parameter: an assign is a side effect, kept in program order before the update's.
             scale_used = ops.assign(self.scale_used, scaling_sens)
-        scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
-        grads = self.grad(self.network, weights)(*inputs, scaling_sens_filled)
+        if self.k == 1:
+            scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
+            grads = self.grad(self.network, self.weights)(*inputs, scaling_sens_filled)
+        else:
+            loss, grads = self._accumulate(inputs, scaling_sens)
         telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
         grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
@@ -87,9 +96,11 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     the overflow flag is only recorded."""
 
     def __init__(self, network, optimizer, sens, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, inject_graph=False):
+                 native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
+                 micro_batch=0):
         super().__init__(network, optimizer, sens)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
+                            micro_batch)
         self._init_recipe(recipe)
         self.scale = Tensor(sens, mstype.float32)
         # what the gradients still carry when they reach the optimizer, and what the step takes off first
@@ -100,11 +111,16 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     def scale_now(self) -> float:
         return float(self.sens)
 
+    def _micro_step(self, sens, *inputs):
+        loss = self.network(*inputs)
+        return loss, self.grad(self.network, self.weights)(*inputs, ops.fill(loss.dtype, loss.shape, sens))
+
     def construct(self, *inputs):
         lr = self._lr()
-        loss = self.network(*inputs)
-        sens = ops.fill(loss.dtype, loss.shape, self.sens)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        if self.k == 1:
+            loss, grads = self._micro_step(self.sens, *inputs)
+        else:
+            loss, grads = self._accumulate(inputs, self.sens)
         telemetry = self._grad_telemetry(grads, self.scale) if self.telemetry else []
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)

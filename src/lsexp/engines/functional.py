@@ -43,7 +43,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
 
     def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
-                 last_step=0, native_check=False, telemetry=False, inject_graph=False):
+                 last_step=0, native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
+                 micro_batch=0):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -51,7 +52,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.scaler = scaler
         self.drop = drop_overflow_update
         self.grad_reducer = _grad_reducer(self.weights)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph)
+        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
+                            micro_batch)
         self._init_recipe(recipe)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
         self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
@@ -67,6 +69,10 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     def scale_now(self) -> float:
         return 1.0 if self.scaler is None else float(self.scaler.scale_value.asnumpy())
 
+    def _micro_step(self, scale, *inputs):
+        (_, loss), grads = self.grad_fn(*inputs)
+        return loss, grads
+
     def forward(self, *inputs):
         loss = self.network(*inputs)
         scaled = loss if self.scaler is None else self.scaler.scale(loss)
@@ -75,7 +81,10 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     def construct(self, *inputs):
         scale = self.one if self.scaler is None else ops.assign(self.scale_used, self.scaler.scale_value)
         lr = self._lr()
-        (_, loss), grads = self.grad_fn(*inputs)
+        if self.k == 1:
+            loss, grads = self._micro_step(scale, *inputs)
+        else:
+            loss, grads = self._accumulate(inputs, scale)
         telemetry = self._grad_telemetry(grads, scale) if self.telemetry else []
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)

@@ -57,8 +57,11 @@ class StepRecorder:
     """Step counter, injection and stats shared by both train-step cells."""
 
     def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
-                       inject_graph: bool = False):
+                       inject_graph: bool = False, accumulate_steps: int = 1, micro_batch: int = 0):
         self.native_check = native_check
+        # train.accumulate_steps: the step's batch is k micro-batches of micro_batch samples each
+        self.k, self.micro_batch = accumulate_steps, micro_batch
+        self.one_kth = Tensor(1.0 / accumulate_steps, mstype.float32)
         self.telemetry = telemetry
         self.tiny = Tensor(FP16_TINY, mstype.float32)
         self.fp16_max = Tensor(FP16_MAX, mstype.float32)
@@ -70,7 +73,7 @@ class StepRecorder:
         # Data parallel ranks must compile the same graph, so that their gradient all-reduces line up:
         # a rank that injects nothing still carries the (all-false) injection table then.
         self.inject = bool(steps) or inject_graph
-        table = np.zeros(last_step + 2, dtype=np.bool_)
+        table = np.zeros(last_step * accumulate_steps + 2, dtype=np.bool_)  # by micro-batch
         table[steps] = True
         self.inject_table = Tensor(table)
         self.inf = Tensor(float("inf"), mstype.float32)
@@ -108,8 +111,29 @@ class StepRecorder:
             loss = ops.depend(loss, ops.assign_add(self.optimizer.learning_rate.step, self.step_one))
         return loss
 
-    def _advance_and_inject(self, grads):
+    def _accumulate(self, inputs, sens):
+        """(mean loss, mean gradients) of the step's k micro-batches, one forward and backward pass
+        each, in order; an injected step poisons its own micro-batch's gradients. Their sum divided
+        by k: k micro-batches of b give the gradients of one batch of k*b."""
+        step = self.lsexp_step + 1
         if self.inject:
+            sens = ops.depend(sens, ops.assign(self.lsexp_step, step))
+        loss_sum, grads_sum = self.zero, None
+        for i in range(self.k):
+            lo = i * self.micro_batch
+            micro = ()
+            for t in inputs:
+                micro = micro + (t[lo:lo + self.micro_batch],)
+            loss, grads = self._micro_step(sens, *micro)
+            if self.inject:
+                factor = ops.select(self.inject_table[(step - 1) * self.k + i + 1], self.inf, self.one)
+                grads = self.hyper_map(ops.partial(_poison, factor), grads)
+            loss_sum = loss_sum + ops.cast(loss, mstype.float32)
+            grads_sum = grads if grads_sum is None else self.hyper_map(ops.add, grads_sum, grads)
+        return loss_sum * self.one_kth, self._times(self.one_kth, grads_sum)
+
+    def _advance_and_inject(self, grads):
+        if self.inject and self.k == 1:  # accumulation injects by micro-batch, in _accumulate
             step = self.lsexp_step + 1
             grads = ops.depend(grads, ops.assign(self.lsexp_step, step))
             factor = ops.select(self.inject_table[step], self.inf, self.one)
@@ -148,7 +172,9 @@ class StepRecorder:
 
 def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
     """The recorder's options shared by both engines' train steps. Under data parallel, inject.rank
-    picks the one rank whose gradients are poisoned."""
+    picks the one rank whose gradients are poisoned. With accumulation, inject.overflow_steps count
+    micro-batches: micro-batch m (1-based, across the run) is the ((m - 1) % k + 1)-th of optimizer step
+    ceil(m / k)."""
     steps = list(cfg.inject.overflow_steps)
     mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
     return dict(
@@ -157,4 +183,6 @@ def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
         native_check=native_check,
         telemetry=cfg.telemetry.grads,
         inject_graph=bool(steps),
+        accumulate_steps=cfg.train.accumulate_steps,
+        micro_batch=cfg.dataset.batch_size,
     )

@@ -12,7 +12,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from lsexp.config.facts import run_name, steps_per_epoch, total_steps
+from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
 from lsexp.runtime import device
 from lsexp.training import checkpoint
 from lsexp.training.build import build, load_data
@@ -43,6 +43,7 @@ class _Run:
     collapse: "_CollapseWatch"
     progress: "_Progress"
     started: float
+    batch_cfg: Any = None  # the dataset config at a step's batch: accumulate_steps micro-batches
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     step: int = 0
     diverged_at: Optional[int] = None
@@ -119,7 +120,19 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         started=started,
         step=done,
         save_every=cfg.train.save_checkpoint_steps if cfg.train.checkpoint and primary else None,
+        batch_cfg=_step_batches(cfg),
     )
+
+
+def _step_batches(cfg):
+    """cfg.dataset, or with accumulation a copy whose batch is the step's k micro-batches, which the
+    step splits in order: the epoch's order depends on the seed and epoch alone, so k micro-batches of b
+    are the samples one batch of k*b takes."""
+    if cfg.train.accumulate_steps == 1:
+        return cfg.dataset
+    d = cfg.dataset.copy()
+    d.batch_size = step_batch(cfg)
+    return d
 
 
 def _loop(run: _Run) -> None:
@@ -129,7 +142,7 @@ def _loop(run: _Run) -> None:
     for epoch in range(first, cfg.train.epochs):
         epoch_started = time.perf_counter()
         start = run.done % run.per_epoch if epoch == first else 0
-        for x, y in run.data.batches(cfg.dataset, epoch, start, run.shard):
+        for x, y in run.data.batches(run.batch_cfg, epoch, start, run.shard):
             if run.step >= run.last or _step(run, epoch, x, y):
                 break
         run.epoch_seconds.append(round(time.perf_counter() - epoch_started, 3))  # training only, not eval
