@@ -217,6 +217,7 @@ class MlflowRun:
                     "reference_loss",
                     "diverged_at_step",
                     "collapsed_at_step",
+                    "clipped_steps",
                 )
                 if summary.get(key) is not None
             ]
