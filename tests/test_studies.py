@@ -122,3 +122,21 @@ def test_engines_study_pairs_the_engines_runs_and_finds_them_identical(tmp_path)
             float(row["functional_steps_per_second"]) / float(row["cell_steps_per_second"]))
     # hysteresis delays the back-off, not the skip
     assert int(rows["dynamic_hysteresis"]["skipped_steps"]) == 3
+
+
+@pytest.mark.slow
+def test_recipes_study_measures_the_schedule_drift_that_hold_leaves(tmp_path):
+    client, parent, children = _sweep(
+        tmp_path, "experiment=recipes", "train.max_steps=20",
+        'hydra.sweeper.params={workload:transformer_sequence,loss_scale:"none,dynamic",'
+        'lr_schedule.on_skip:"hold,advance",train.seed:"1"}')
+    assert len(children) == 4
+    rows = {(r["strategy"], r["on_skip"]): r for r in _table(tmp_path, client, parent, "recipes")}
+    assert set(rows) == {("none", "hold = advance"), ("dynamic", "hold"), ("dynamic", "advance")}
+    # dynamic's float16 back-off from 2^24 skips the first updates: hold leaves the schedule that many
+    # steps behind, advance none
+    held, advanced = rows[("dynamic", "hold")], rows[("dynamic", "advance")]
+    assert float(held["skipped_updates"]) > 0
+    assert float(held["schedule_drift_steps"]) == float(held["skipped_updates"])
+    assert float(advanced["schedule_drift_steps"]) == 0
+    assert float(rows[("none", "hold = advance")]["skipped_updates"]) == 0
