@@ -16,29 +16,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from handwritten_loop import lsexp_loop
 from ratios import report
 
 
 def ms_per_step(tmp: Path, i: int, *overrides: str, per: int = 1) -> float:
-    """Milliseconds per optimizer step over epochs 2-10 of the default run with overrides, through
-    lsexp's own path in this process; per: steps it stands for (4 plain steps for one of 4 micro-batches)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from lsexp.app import train_here
-    from lsexp.config import paths
-    from lsexp.config.registry import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
-        cfg = compose("config", overrides=["tracking=none", "train.progress=false", *overrides])
-    out = tmp / f"run{i}-{'-'.join(overrides) or 'default'}"
-    out.mkdir()
-    summary = train_here(cfg, out)
-    epochs = len(summary["epoch_seconds"])
-    steps = summary["steps"] * (epochs - 1) / epochs
-    return 1000 * sum(summary["epoch_seconds"][1:]) / steps / per
+    """Milliseconds per optimizer step of the default run with overrides, over epochs 2-10, through
+    lsexp's own path in this process; per: the steps it stands for (4 plain steps for one of 4
+    micro-batches)."""
+    return lsexp_loop(tmp, i, *overrides) / per
 
 
 def main(what: str, pairs: int) -> None:

@@ -114,6 +114,16 @@ class ScaledOptimizerConfig(OptimizerConfig):
     loss_scale: Optional[float] = None
 
 
+@dataclass
+class AdamFamilyConfig(OptimizerConfig):
+    """The keys Adam, AdamWeightDecay and Lamb share, with MindSpore's defaults for the latter two."""
+
+    learning_rate: float = 0.001
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+
+
 ON_SKIP = ("hold", "advance")
 
 
@@ -125,6 +135,14 @@ class LrScheduleConfig:
     # hold: a skipped update does not move the schedule (MindSpore's optimizers advance global_step only
     # when they run); advance: it moves every step, as a PyTorch scheduler.step() per iteration does.
     on_skip: str = "hold"
+
+
+@dataclass
+class WarmupScheduleConfig(LrScheduleConfig):
+    """A schedule with a linear warm-up, over total_steps."""
+
+    warmup_steps: Optional[int] = None  # None: a tenth of total_steps
+    total_steps: Optional[int] = None  # None: the run's optimizer steps
 
 
 # --- device, train, inject -------------------------------------------------------------------

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
-from lsexp.config.schema import ScaledOptimizerConfig
+from lsexp.config.schema import AdamFamilyConfig
 from lsexp.optimizers.betas import problems  # noqa: F401  (this family's checks)
 
 
 @dataclass
-class AdamConfig(ScaledOptimizerConfig):
+class AdamConfig(AdamFamilyConfig):
     _target_: str = "mindspore.nn.Adam"
-    learning_rate: float = 0.001
-    beta1: float = 0.9
-    beta2: float = 0.999
     eps: float = 1e-8
+    loss_scale: Optional[float] = None  # as ScaledOptimizerConfig's
     use_nesterov: bool = False
     use_amsgrad: bool = False
 

@@ -9,17 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List
 
-from lsexp.config.schema import OptimizerConfig
+from lsexp.config.schema import AdamFamilyConfig
 from lsexp.optimizers import betas
 
 
 @dataclass
-class LambConfig(OptimizerConfig):
+class LambConfig(AdamFamilyConfig):
     _target_: str = "mindspore.nn.Lamb"
-    learning_rate: float = 0.001
-    beta1: float = 0.9
-    beta2: float = 0.999
-    eps: float = 1e-6
 
 
 def problems(cfg) -> List[str]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from lsexp.config.schema import LrScheduleConfig
+from lsexp.config.schema import WarmupScheduleConfig
 
 
 @dataclass
-class PolynomialConfig(LrScheduleConfig):
+class PolynomialConfig(WarmupScheduleConfig):
     _target_: str = "lsexp.schedules.cells.polynomial"
     warmup_steps: Optional[int] = 0
-    total_steps: Optional[int] = None  # None: the run's optimizer steps
     end_learning_rate: float = 0.0001
     power: float = 1.0
 

@@ -4,16 +4,13 @@ min_learning_rate at total_steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from lsexp.config.schema import LrScheduleConfig
+from lsexp.config.schema import WarmupScheduleConfig
 
 
 @dataclass
-class WarmupCosineConfig(LrScheduleConfig):
+class WarmupCosineConfig(WarmupScheduleConfig):
     _target_: str = "lsexp.schedules.cells.warmup_cosine"
-    warmup_steps: Optional[int] = None  # None: a tenth of total_steps
-    total_steps: Optional[int] = None  # None: the run's optimizer steps
     min_learning_rate: float = 0.0
 
 

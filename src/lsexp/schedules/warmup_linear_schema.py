@@ -4,16 +4,13 @@ end_learning_rate at total_steps (transformers' linear schedule)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from lsexp.config.schema import LrScheduleConfig
+from lsexp.config.schema import WarmupScheduleConfig
 
 
 @dataclass
-class WarmupLinearConfig(LrScheduleConfig):
+class WarmupLinearConfig(WarmupScheduleConfig):
     _target_: str = "lsexp.schedules.cells.warmup_linear"
-    warmup_steps: Optional[int] = None  # None: a tenth of total_steps
-    total_steps: Optional[int] = None  # None: the run's optimizer steps
     end_learning_rate: float = 0.0
 
 
