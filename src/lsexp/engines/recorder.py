@@ -31,15 +31,6 @@ def _flatten_grad(grad):
     return ops.cast(grad, mstype.float32).reshape((-1,))
 
 
-_square_sum = ops.MultitypeFuncGraph("lsexp_square_sum")
-
-
-@_square_sum.register("Tensor")
-def _square_sum_grad(grad):
-    g = ops.cast(grad, mstype.float32)
-    return (g * g).sum()
-
-
 @dataclass(frozen=True)
 class Recipe:
     """What the train step does around the optimizer's update, beside the strategy."""
@@ -100,7 +91,8 @@ class StepRecorder:
         """(factor, norm): the global norm of gradients still scaled by `carried`, unscaled, and the
         factor that clips them, ops.clip_by_global_norm's clip_norm / max(norm, clip_norm), written out
         because the step records the norm too."""
-        norm = ops.sqrt(ops.addn(self.hyper_map(_square_sum, grads))) / carried
+        flat = ops.concat(self.hyper_map(_flatten, grads))
+        norm = ops.sqrt((flat * flat).sum()) / carried
         return self.clip_norm / ops.maximum(norm, self.clip_norm), norm
 
     def _times(self, factor, grads):
