@@ -16,7 +16,7 @@ def test_default_command_writes_history_and_summary(tmp_path):
     assert out.returncode == 0, out.stderr
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
     header = (run_dir / "history.csv").read_text().splitlines()[0]
-    assert header == "step,epoch,loss,loss_scale,overflow,skipped_steps"
+    assert header == "step,epoch,loss,loss_scale,overflow,skipped_steps,lr"
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["status"] == "finished"
     console = out.stdout + out.stderr

@@ -20,17 +20,17 @@ pytestmark = pytest.mark.xdist_group("test_data_cache")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept when xdist interleaves other modules
 def mnist_dir(tmp_path_factory):
     return write_mnist(tmp_path_factory.mktemp("mnist"), train=2000, test=300)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept when xdist interleaves other modules
 def cifar_dir(tmp_path_factory):  # Cifar10Dataset takes whole 10 000-record files only: written once
     return write_cifar10(tmp_path_factory.mktemp("cifar"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept when xdist interleaves other modules
 def image_dir(tmp_path_factory):
     return write_image_folder(tmp_path_factory.mktemp("images"), classes=3, per_class=20, size=16)
 

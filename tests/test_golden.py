@@ -92,7 +92,7 @@ def differences(got: Path, name: str, exact: bool) -> list:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # session: kept when xdist interleaves other modules
 def o2_sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("golden") / "runs"
     sweep(out, levels=("O2",))
