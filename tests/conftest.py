@@ -45,6 +45,27 @@ def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
         proc.wait(timeout=30)
 
 
+def made_once(tmp_path_factory, name: str, make) -> Path:
+    """The folder make(folder) fills, once per test session: under pytest -n the first worker to ask
+    makes it under a lock while the others wait, then all read it. (xdist_group alone did not keep a
+    module's tests on one worker: the golden sweep was set up on both.)"""
+    import fcntl
+
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    root = tmp_path_factory.getbasetemp().parent  # this session's, shared by its workers
+    folder = root / name
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / ".made").exists():
+            folder.mkdir(exist_ok=True)
+            make(folder)
+            (folder / ".made").touch()
+    return folder
+
+
 @pytest.fixture
 def train_run(tmp_path):
     """Run a composed config in this process through the real training path;
@@ -77,3 +98,5 @@ def pytest_configure(config):
         from lsexp.runtime.onednn import auto_isa
 
         auto_isa()
+
+

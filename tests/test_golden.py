@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-# pytest -n: on one worker, as its tests share one sweep (a module-scoped fixture)
-pytestmark = pytest.mark.xdist_group("test_golden")
+from conftest import made_once
 
 GOLDEN = Path(__file__).parent / "golden"
 OPTIONS = ("none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_hysteresis", "dynamic_seed_blog")
@@ -92,11 +91,10 @@ def differences(got: Path, name: str, exact: bool) -> list:
     return out
 
 
-@pytest.fixture(scope="session")  # session: kept when xdist interleaves other modules
+@pytest.fixture(scope="session")
 def o2_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("golden") / "runs"
-    sweep(out, levels=("O2",))
-    return out
+    folder = made_once(tmp_path_factory, "golden", lambda f: sweep(f / "runs", levels=("O2",)))
+    return folder / "runs"
 
 
 @pytest.mark.parametrize("name", names(("O2",)))

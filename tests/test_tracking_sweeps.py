@@ -9,22 +9,20 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import made_once, run_cli
 from helpers.mlflow_store import FAST, job_dirs, runs, store
 from lsexp.training.history import read_history
 
-# pytest -n: on one worker, as its tests share one sweep (a module-scoped fixture)
-pytestmark = pytest.mark.xdist_group("test_tracking_sweeps")
 
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def basic_sweep(tmp_path_factory):
-    root = tmp_path_factory.mktemp("sweep")
-    uri = store(root)
-    out = run_cli("-m", "loss_scale=fixed_drop,fixed_nodrop,dynamic", "amp=O2", "train.max_steps=20",
-                  "telemetry=grads", f"tracking.uri={uri}", *FAST, cwd=root)
-    assert out.returncode == 0, out.stderr
-    return root, uri
+    def make(root):
+        out = run_cli("-m", "loss_scale=fixed_drop,fixed_nodrop,dynamic", "amp=O2", "train.max_steps=20",
+                      "telemetry=grads", f"tracking.uri={store(root)}", *FAST, cwd=root)
+        assert out.returncode == 0, out.stderr
+
+    root = made_once(tmp_path_factory, "sweep", make)
+    return root, store(root)
 
 
 def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
