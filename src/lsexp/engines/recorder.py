@@ -74,7 +74,6 @@ class StepRecorder:
     def _init_recipe(self, recipe: Recipe):
         self.clip = recipe.clip_grad_norm is not None
         self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
-        self.optimizer_divides = recipe.optimizer_divides
         self.advance = recipe.schedule_counter is not None
         self.step_one = Tensor([1], mstype.int32)
         self.columns = ("lr",) + (CLIP if self.clip else ()) + (TELEMETRY if self.telemetry else ())
@@ -118,8 +117,8 @@ class StepRecorder:
                 micro = micro + (t[lo:lo + self.micro_batch],)
             loss, grads = self._micro_step(sens, *micro)
             if self.inject:
-                factor = ops.select(self.inject_table[(step - 1) * self.k + i + 1], self.inf, self.one)
-                grads = self.hyper_map(ops.partial(_poison, factor), grads)
+                grads = self._times(ops.select(self.inject_table[(step - 1) * self.k + i + 1], self.inf,
+                                               self.one), grads)
             loss_sum = loss_sum + ops.cast(loss, mstype.float32)
             grads_sum = grads if grads_sum is None else self.hyper_map(ops.add, grads_sum, grads)
         return loss_sum * self.one_kth, self._times(self.one_kth, grads_sum)
