@@ -182,7 +182,7 @@ def _recipe_problems(cfg: DictConfig) -> List[str]:
 def _schedule_problems(cfg: DictConfig, n: int) -> List[str]:
     """The schedule's steps against the run's n optimizer steps."""
     ls, p = cfg.lr_schedule, []
-    total = schedules.total_of(ls, n) if "total_steps" in ls else n
+    total = schedules.total_of(ls, n)
     if ls.get("total_steps") is not None and total < n:
         p.append(f"lr_schedule.total_steps={total}: smaller than this run's {n} optimizer steps, so the "
                  f"schedule would end before the run; raise it to >= {n} or leave it null")

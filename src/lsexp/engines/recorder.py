@@ -39,9 +39,9 @@ class Recipe:
     # False: the optimizer takes no loss_scale (AdamWeightDecay, Lamb), so gradients that would reach it
     # scaled (fixed_nodrop) are divided by the scale in the step first
     optimizer_divides: bool = True
-    # lr_schedule.on_skip=advance: the schedule's own counter (lsexp.schedules.cells.OnOwnCounter's
-    # Parameter), moved every step
-    schedule_counter: Optional[Parameter] = None
+    # lr_schedule.on_skip=advance: the step moves the schedule's own counter (the `step` Parameter of
+    # lsexp.schedules.cells.OnOwnCounter, the optimizer's learning_rate) every step
+    advance_schedule: bool = False
 
 
 class StepRecorder:
@@ -74,7 +74,7 @@ class StepRecorder:
     def _init_recipe(self, recipe: Recipe):
         self.clip = recipe.clip_grad_norm is not None
         self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
-        self.advance = recipe.schedule_counter is not None
+        self.advance = recipe.advance_schedule
         self.step_one = Tensor([1], mstype.int32)
         self.columns = ("lr",) + (CLIP if self.clip else ()) + (TELEMETRY if self.telemetry else ())
 

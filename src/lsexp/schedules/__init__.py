@@ -10,8 +10,6 @@ its `<name>_schema.py` here and its YAML under conf/lr_schedule/.
 
 from __future__ import annotations
 
-from typing import Optional
-
 from omegaconf import DictConfig, OmegaConf
 
 OWN_KEYS = ("on_skip",)
@@ -30,8 +28,8 @@ def total_of(cfg_schedule: DictConfig, run_steps: int) -> int:
 
 
 def build(cfg_schedule: DictConfig, learning_rate: float, run_steps: int):
-    """(learning_rate for the optimizer, the counter `advance` moves or None): a float for a constant
-    rate, else a LearningRateSchedule over the run's optimizer steps."""
+    """(learning_rate for the optimizer, whether the train step must move its own counter): a float for
+    a constant rate, else a LearningRateSchedule over the run's optimizer steps."""
     from hydra.utils import get_method
 
     kwargs = OmegaConf.to_container(cfg_schedule, resolve=True)
@@ -43,10 +41,8 @@ def build(cfg_schedule: DictConfig, learning_rate: float, run_steps: int):
     if "warmup_steps" in kwargs:
         kwargs["warmup_steps"] = warmup_of(cfg_schedule, kwargs.get("total_steps", run_steps))
     schedule = get_method(target)(learning_rate=learning_rate, **kwargs)
-    counter: Optional[object] = None
     if cfg_schedule.on_skip == "advance" and not isinstance(schedule, float):
         from lsexp.schedules.cells import OnOwnCounter
 
-        schedule = OnOwnCounter(schedule)
-        counter = schedule.step
-    return schedule, counter
+        return OnOwnCounter(schedule), True
+    return schedule, False

@@ -32,11 +32,11 @@ def build_optimizer(cfg, params, loss_scale: float, run_steps: int):
     from lsexp import optimizers, schedules
     from lsexp.engines.recorder import Recipe
 
-    learning_rate, counter = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
+    learning_rate, advances = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
     optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale)
     return optimizer, Recipe(clip_grad_norm=cfg.optimizer.clip_grad_norm,
                              optimizer_divides=optimizers.divides_itself(cfg.optimizer),
-                             schedule_counter=counter)
+                             advance_schedule=advances)
 
 
 def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, rank: int = 0, net=None):

@@ -44,6 +44,8 @@ class _Run:
     progress: "_Progress"
     started: float
     batch_cfg: Any = None  # the dataset config at a step's batch: accumulate_steps micro-batches
+    columns: tuple = ()  # the step's stats after its five: lr, clipping's, telemetry's
+    clips: bool = False
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     step: int = 0
     diverged_at: Optional[int] = None
@@ -121,6 +123,8 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         step=done,
         save_every=cfg.train.save_checkpoint_steps if cfg.train.checkpoint and primary else None,
         batch_cfg=_step_batches(cfg),
+        columns=step_cell.columns,
+        clips="clipped" in step_cell.columns,
     )
 
 
@@ -173,8 +177,8 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         "overflow": int(overflow),
         "skipped_steps": run.skipped,
     }
-    row.update(zip(run.step_cell.columns, values[5:]))  # lr, then clipping's and telemetry's
-    if "clipped" in row:
+    row.update(zip(run.columns, values[5:]))  # lr, then clipping's and telemetry's
+    if run.clips:
         row["clipped"] = int(row["clipped"])
     run.history.rows.append(row)
     run.progress.update(loss, scale)
