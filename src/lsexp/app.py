@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from lsexp import preflight
-from lsexp.config import paths
+from lsexp.config import hydra_errors, paths
 from lsexp.config.errors import ConfigError
 from lsexp.config.registry import register_configs
 from lsexp.scaleout import launchers
@@ -184,5 +184,12 @@ def objective(cfg: DictConfig, summary: dict) -> float:
 
 
 @hydra.main(config_path=str(paths.conf_dir()), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> float:
+def _hydra_main(cfg: DictConfig) -> float:
+    hydra_errors.job_begins()
     return objective(cfg, run(cfg))
+
+
+def main() -> None:
+    """`python -m lsexp [overrides]`, a config Hydra cannot compose being one line and exit 2."""
+    with hydra_errors.reported_in_one_line(sys.argv[1:]):
+        _hydra_main()

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from lsexp import schedules, strategies
-from lsexp.config import families
+from lsexp.config import families, hydra_errors
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import known_num_train, total_steps, world_size
 from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, ON_SKIP, PARALLEL_MODES
@@ -323,7 +323,7 @@ class ValidateOnRunStart(Callback):
         _single_run = found
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problem = launchers.problem(config)
+        problem = hydra_errors.every_job_composes(config) or launchers.problem(config)
         if problem:
             print(f"lsexp: config error: {problem}", file=sys.stderr)
             raise SystemExit(2)
