@@ -67,7 +67,8 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         else:
             loss, grads = self._accumulate(inputs, scaling_sens)
         telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
-        grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
+        if not self.clip:  # with clipping, the unscale is the clip's multiply, after the check
+            grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
         # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
         grads = self._advance_and_inject(grads)
@@ -75,10 +76,9 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         cond = self.get_overflow_status(status, grads)
         overflow = self.process_loss_scale(cond)
         clip = []
-        if self.clip:  # the gradients are unscaled here; a skipped step is not clipped
-            factor, norm = self._clip_factor(grads, self.one)
-            clip = [norm, ops.cast(ops.logical_and(ops.logical_not(overflow), norm > self.clip_norm),
-                                   mstype.float32)]
+        if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped
+            norm, factor = self._clip(grads, ops.cast(scale_used, mstype.float32), True)
+            clip = [norm]
         if not overflow:
             if self.clip:
                 grads = self._times(factor, grads)
@@ -103,8 +103,7 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
                             micro_batch)
         self._init_recipe(recipe)
         self.scale = Tensor(sens, mstype.float32)
-        # what the gradients still carry when they reach the optimizer, and what the step takes off first
-        self.carried = self.scale if recipe.optimizer_divides else self.one
+        # the optimizer takes no loss_scale: the step takes the scale off the gradients first
         self.divide = sens != 1 and not recipe.optimizer_divides
         self.inverse = Tensor(1.0 / sens, mstype.float32)
 
@@ -125,13 +124,13 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         overflow = ops.logical_not(all_finite(grads))
-        if self.divide:
-            grads = self._times(self.inverse, grads)
         clip = []
-        if self.clip:  # of the unscaled gradients: the norm is divided by what the optimizer takes off
-            factor, norm = self._clip_factor(grads, self.carried)
-            clip = [norm, ops.cast(norm > self.clip_norm, mstype.float32)]
+        if self.clip:  # of the unscaled gradients; the factor also unscales them when the optimizer does not
+            norm, factor = self._clip(grads, self.scale, self.divide)
+            clip = [norm]
             grads = self._times(factor, grads)
+        elif self.divide:
+            grads = self._times(self.inverse, grads)
         loss = ops.depend(loss, self.optimizer(grads))
         loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.

@@ -92,23 +92,24 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         clip = []
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped
-                factor, norm = self._clip_factor(grads, scale)
-                clip = [norm, ops.cast(ops.logical_and(finite, norm > self.clip_norm), mstype.float32)]
+                norm, factor = self._clip(grads, scale, True)
+                clip = [norm]
             if finite:
-                grads = self.scaler.unscale(grads)
-                if self.clip:
+                if self.clip:  # the clip's one multiply is the scaler's unscale too
                     grads = self._times(factor, grads)
+                else:
+                    grads = self.scaler.unscale(grads)
                 loss = ops.depend(loss, self.optimizer(grads))
             params_finite = self.one
             skipped = ops.logical_not(finite)
         else:
             # fixed_nodrop: the optimizer's own loss_scale unscales, or the step does for one without
-            if self.divide:
-                grads = self.scaler.unscale(grads)
             if self.clip:
-                factor, norm = self._clip_factor(grads, self.one if self.divide else scale)
-                clip = [norm, ops.cast(norm > self.clip_norm, mstype.float32)]
+                norm, factor = self._clip(grads, scale, self.divide)
+                clip = [norm]
                 grads = self._times(factor, grads)
+            elif self.divide:
+                grads = self.scaler.unscale(grads)
             loss = ops.depend(loss, self.optimizer(grads))
             params_finite = all_finite(ops.depend(self.weights, loss))
             skipped = self.zero

@@ -86,13 +86,16 @@ class StepRecorder:
             lr = lr(self.optimizer.global_step)
         return ops.cast(lr, mstype.float32).reshape(())
 
-    def _clip_factor(self, grads, carried):
-        """(factor, norm): the global norm of gradients still scaled by `carried`, unscaled, and the
-        factor that clips them, ops.clip_by_global_norm's clip_norm / max(norm, clip_norm), written out
-        because the step records the norm too."""
+    def _clip(self, grads, carried, take_off):
+        """(norm, factor): the global norm of gradients still scaled by `carried`, unscaled, and the one
+        factor that clips them, ops.clip_by_global_norm's clip_norm / max(norm, clip_norm), divided by
+        `carried` too when take_off: the unscale and the clip are then one multiply per gradient, which
+        on an executor-bound step is most of what clipping costs. Written out because the step records
+        the norm; whether it clipped is the host's comparison of that norm with clip_norm."""
         flat = ops.concat(self.hyper_map(_flatten, grads))
         norm = ops.sqrt((flat * flat).sum()) / carried
-        return self.clip_norm / ops.maximum(norm, self.clip_norm), norm
+        factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
+        return norm, factor / carried if take_off else factor
 
     def _times(self, factor, grads):
         return self.hyper_map(ops.partial(_poison, factor), grads)
