@@ -5,8 +5,9 @@ lsexp/schedules.
 Adding a family is adding its module, its schema module and its YAML; nothing here names them.
 A schema module holds SCHEMA (a dataclass, registered as the option `base_<family>`) and imports only
 lsexp.config, so looking one up adds no import of a higher layer. It may hold
-`problems(cfg) -> list[str]`, for data sets `num_train(dataset_cfg) -> int`, and for strategies
-STRATEGY, the object the engines ask (lsexp.strategies).
+`problems(cfg) -> list[str]`, for data sets `num_train(dataset_cfg) -> int`, for strategies
+STRATEGY, the object the engines ask (lsexp.strategies), and for optimizers CLASS_ON, the class to build
+on a device target where MindSpore's has no kernel.
 """
 
 from __future__ import annotations

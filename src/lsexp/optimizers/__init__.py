@@ -33,13 +33,18 @@ def param_groups(params: List, weight_decay: float) -> List[dict]:
             {"order_params": params}]
 
 
-def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: float):
+def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: float, device_target: str):
     """The optimizer over params at learning_rate (a float or a LearningRateSchedule), with loss_scale
-    passed to a class that takes it."""
+    passed to a class that takes it; on a device target where the class has no kernel, the one its family
+    names in CLASS_ON (lamb on CPU)."""
     from hydra.utils import get_class
+
+    from lsexp.config import families
 
     kwargs = OmegaConf.to_container(cfg_optimizer, resolve=True)
     target = kwargs.pop("_target_")
+    family = families.of("optimizer", target)
+    target = getattr(family, "CLASS_ON", {}).get(device_target, target)
     for key in OWN_KEYS:
         kwargs.pop(key, None)
     kwargs["learning_rate"] = learning_rate

@@ -25,7 +25,7 @@ def network(cfg):
     return instantiate(cfg.model, _convert_="all")
 
 
-def build_optimizer(cfg, params, loss_scale: float, run_steps: int):
+def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_target: str):
     """(optimizer, recipe): the optimizer group at the lr_schedule group's learning rate, with the
     loss_scale the strategy leaves the gradients scaled by where its class takes one, and what the train
     step does around its update."""
@@ -33,7 +33,7 @@ def build_optimizer(cfg, params, loss_scale: float, run_steps: int):
     from lsexp.engines.recorder import Recipe
 
     learning_rate, advances = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
-    optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale)
+    optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale, device_target)
     return optimizer, Recipe(clip_grad_norm=cfg.optimizer.clip_grad_norm,
                              optimizer_divides=optimizers.divides_itself(cfg.optimizer),
                              advance_schedule=advances)
@@ -55,7 +55,8 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
     with contextlib.chdir(out_dir):
         net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
     loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
-    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step)
+    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step,
+                                       target)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
     step_cell = build_train_step(cfg, strategy, loss_net, optimizer, last_step, native_check=target != "CPU",
                                  rank=rank, recipe=recipe)
