@@ -11,10 +11,11 @@ from typing import Any, Dict, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from lsexp.config.overrides import overrides_dict
 from lsexp.report import studies
 from lsexp.report.sweep import labels, sweep_report
 from lsexp.tracking import worker as tracking_worker
-from lsexp.tracking.run import PARENT_FILE, SWEPT_FILE, overrides_dict, start_dir
+from lsexp.tracking.run import PARENT_FILE, SWEPT_FILE, start_dir
 from lsexp.tracking.store import client_for, ensure_experiment, log_params, resolve_uri, with_retry
 from lsexp.tracking.uri import redact
 

@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from functools import partial
 from typing import Iterator, Optional, Sequence
 
+from lsexp.config.overrides import overrides_dict
+
 _FULL_ERROR = "HYDRA_FULL_ERROR"
 _SET_HERE = "_LSEXP_SET_HYDRA_FULL_ERROR"
 
@@ -113,7 +115,7 @@ def one_line(ex: BaseException, argv: Sequence[str]) -> Optional[str]:
     if not full_key:
         causes = f"; {_first(str(cause))}" if cause is not None else ""
         return f"{_first(text)}{causes}"
-    typed = f"{full_key}={_typed_value(full_key, argv)}"
+    typed = f"{full_key}={overrides_dict(argv).get(full_key, '?')}"
     key, schema = getattr(cause, "key", None), getattr(cause, "object_type", None)
     if f"Key '{key}' not in" in str(cause) and dataclasses.is_dataclass(schema):
         return f"{typed}: {_unknown_key(str(key), schema, full_key)}"
@@ -138,14 +140,6 @@ def _unknown_key(key: str, schema, full_key: str) -> str:
     parent = full_key.rpartition(".")[0]
     hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
     return f"{schema.__name__} has no key '{key}'; {hint}its keys are {', '.join(keys)}"
-
-
-def _typed_value(full_key: str, argv: Sequence[str]) -> str:
-    for arg in argv:
-        name, eq, value = arg.lstrip("+~").partition("=")
-        if eq and name == full_key:
-            return value
-    return "?"
 
 
 def _first(text: str) -> str:

@@ -7,8 +7,8 @@ MindSpore 2.x teaches for custom loops (functional); what both share is the reco
 # flushes to zero, above the second overflows (Micikevicius et al. 2018).
 FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
 # the stats a step reports after its five (loss, overflow, scale, skipped, finite) and its learning rate:
-# with clipping, the unscaled global norm the clip saw (after the reducer; the loop adds `clipped`, that
-# norm above clip_norm on a step that updated); with telemetry, the gradients' statistics as backprop
-# made them (grad_norm is before the reducer)
+# with telemetry, the gradients' statistics as backprop made them (grad_norm is before the reducer); with
+# clipping, last, the unscaled global norm the clip saw (after the reducer; the loop adds `clipped`, that
+# norm above clip_norm on a step that updated)
 CLIP = ("global_norm",)
 TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction")

@@ -86,7 +86,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, lr, clip + telemetry)
+        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + clip)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -135,7 +135,7 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, clip + telemetry)
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, telemetry + clip)
 
 
 def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,

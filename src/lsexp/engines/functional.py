@@ -116,7 +116,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         if self.scaler is not None:
             loss = ops.depend(loss, self.scaler.adjust(finite))
         loss = self._schedule_moved(loss)
-        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr, clip + telemetry)
+        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr, telemetry + clip)
 
 
 def build_train_step(

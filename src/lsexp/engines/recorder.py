@@ -76,7 +76,8 @@ class StepRecorder:
         self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
         self.advance = recipe.advance_schedule
         self.step_one = Tensor([1], mstype.int32)
-        self.columns = ("lr",) + (CLIP if self.clip else ()) + (TELEMETRY if self.telemetry else ())
+        # clipping's last, so that the loop's `clipped` lands beside it
+        self.columns = ("lr",) + (TELEMETRY if self.telemetry else ()) + (CLIP if self.clip else ())
 
     def _lr(self):
         """The learning rate this step's update uses, or would use if it is skipped: read before the

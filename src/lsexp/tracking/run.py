@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from lsexp.config.facts import dataset_name, model_name, run_name, world_size
+from lsexp.config.overrides import overrides_dict
 from lsexp.runtime import device
 from lsexp.tracking import protocol
 from lsexp.tracking import worker as tracking_worker
@@ -176,11 +177,6 @@ def _sweep_parent_run_id() -> Optional[str]:
         return None
     path = Path(HydraConfig.get().sweep.dir) / PARENT_FILE
     return path.read_text().strip() if path.exists() else None
-
-
-def overrides_dict(overrides) -> Dict[str, str]:
-    """Hydra overrides (`+a.b=1`, `amp=O2`) as key -> value, the add/delete prefixes dropped."""
-    return dict(o.lstrip("+~").partition("=")[::2] for o in overrides)
 
 
 def _swept_choices() -> str:

@@ -45,7 +45,7 @@ class _Run:
     started: float
     batch_cfg: Any = None  # the dataset config at a step's batch: accumulate_steps micro-batches
     columns: tuple = ()  # the step's stats after its five: lr, clipping's, telemetry's
-    clip_at: float = 0.0  # optimizer.clip_grad_norm, as float32
+    clip_at: Optional[float] = None  # optimizer.clip_grad_norm, as float32, as the step compares it
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     step: int = 0
     diverged_at: Optional[int] = None
@@ -124,8 +124,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         save_every=cfg.train.save_checkpoint_steps if cfg.train.checkpoint and primary else None,
         batch_cfg=_step_batches(cfg),
         columns=step_cell.columns,
-        # compared as the step compares it, in float32
-        clip_at=float(np.float32(cfg.optimizer.clip_grad_norm or 0)),
+        clip_at=None if (clip := cfg.optimizer.clip_grad_norm) is None else float(np.float32(clip)),
     )
 
 
@@ -178,10 +177,9 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         "overflow": int(overflow),
         "skipped_steps": run.skipped,
     }
-    for name, value in zip(run.columns, values[5:]):  # lr, then clipping's and telemetry's
-        row[name] = value
-        if name == "global_norm":  # the clip multiplied by clip_norm / norm: it clipped
-            row["clipped"] = int(not skip and value > run.clip_at)
+    row.update(zip(run.columns, values[5:]))  # lr, then telemetry's and clipping's norm
+    if run.clip_at is not None:  # the norm, last, above clip_norm on a step that updated: it clipped
+        row["clipped"] = int(not skip and values[-1] > run.clip_at)
     run.history.rows.append(row)
     run.progress.update(loss, scale)
     if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step
