@@ -4,6 +4,8 @@ import numpy as np
 import pytest
 
 from helpers.deepspeed_loss_scaler import scale_column
+from helpers.megatron_grad_scaler import scale_column as megatron_scale_column
+from helpers.scalers import columns, configure
 
 SETTINGS = [  # (settings, overflow probability): the floor, the cap and both hysteresis modes all reached
     (dict(init_loss_scale=2.0**16, hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0,
@@ -19,29 +21,93 @@ SETTINGS = [  # (settings, overflow probability): the floor, the cap and both hy
 ]
 
 
+@pytest.mark.parametrize("engine", ["cell", "functional"])
 @pytest.mark.parametrize("setting,p", SETTINGS)
-def test_update_cell_equals_deepspeed_on_random_overflows(setting, p):
-    import mindspore as ms
-    from mindspore import Parameter, Tensor
-
-    from conftest import compose_cfg
-    from lsexp.runtime import device
+def test_scaler_equals_todays_deepspeed_over_2000_random_overflows(setting, p, engine):
     from lsexp.strategies.dynamic_hysteresis import HysteresisLossScaleManager
 
-    cfg = compose_cfg()
-    device.configure(cfg.device, cfg.train.mode, None, device.onednn_isa(cfg.device))  # as a run does
+    configure()
     for seed in (0, 1, 2):
-        flags = np.random.default_rng(seed).random(1000) < p
-        cell = HysteresisLossScaleManager(**setting).get_update_cell()  # fresh counters per sequence
-        scale = Parameter(Tensor(setting["init_loss_scale"], ms.float32), name="scale")
-        column = []
-        for flag in flags:
-            column.append(float(scale.asnumpy()))
-            cell(scale, Tensor(bool(flag)))
+        flags = np.random.default_rng(seed).random(2000) < p
+        column, _ = columns(HysteresisLossScaleManager(**setting), flags, engine)  # fresh counters
         expected = scale_column(flags, **setting)
         assert column == expected, f"seed {seed}"
         moves = np.diff(np.log2(expected))
         assert (moves > 0).any() and (moves < 0).any()
+
+
+def test_todays_deepspeed_grows_one_clean_step_later_than_the_earlier_rule():
+    """Window 3, hysteresis 2, overflows at steps 3-4: the second backs off to 512; the earlier rule grew
+    back after the 3rd clean step (1024 at step 8), today's after the 4th (512 at step 8, 1024 at 9)."""
+    from lsexp.strategies.dynamic_hysteresis import HysteresisLossScaleManager
+
+    configure()
+    setting = dict(init_loss_scale=1024.0, hysteresis=2, consecutive_hysteresis=False, min_loss_scale=1.0,
+                   max_loss_scale=None, scale_factor=2, scale_window=3)
+    flags = [0, 0, 1, 1, 0, 0, 0, 0, 0]
+    for engine in ("cell", "functional"):
+        column, _ = columns(HysteresisLossScaleManager(**setting), flags, engine)
+        assert column == scale_column(flags, **setting)
+        assert column[4 - 1] == 1024 and column[5 - 1] == 512
+        assert column[8 - 1] == 512 and column[9 - 1] == 1024
+        # from the start too: the first growth uses 2048 from step 5, not from step 4
+        column, _ = columns(HysteresisLossScaleManager(**setting), [0] * 6, engine)
+        assert column == [1024.0] * 4 + [2048.0] * 2
+    # Megatron's rule, the earlier one, on the same flags
+    megatron = dict(initial_scale=1024.0, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                    growth_interval=3, hysteresis=2)
+    assert megatron_scale_column(flags, **megatron)[8 - 1] == 1024
+
+
+MEGATRON = [  # (settings, overflow probability)
+    (dict(initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=10,
+          hysteresis=2), 0.15),
+    (dict(initial_scale=2.0**10, min_scale=4.0, growth_factor=4.0, backoff_factor=0.25, growth_interval=3,
+          hysteresis=1), 0.2),
+    (dict(initial_scale=2.0**20, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=50,
+          hysteresis=3), 0.01),
+    (dict(initial_scale=2.0**8, min_scale=2.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=1,
+          hysteresis=4), 0.5),
+]
+
+
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+@pytest.mark.parametrize("setting,p", MEGATRON)
+def test_megatron_equals_megatrons_dynamic_grad_scaler_over_2000_random_overflows(setting, p, engine):
+    from lsexp.strategies.dynamic_hysteresis import MegatronGradScalerManager
+
+    configure()
+    for seed in (0, 1, 2):
+        flags = np.random.default_rng(seed).random(2000) < p
+        column, _ = columns(MegatronGradScalerManager(**setting), flags, engine)
+        expected = megatron_scale_column(flags, **setting)
+        assert column == expected, f"seed {seed}"
+        moves = np.diff(np.log2(expected))
+        assert (moves > 0).any() and (moves < 0).any()
+
+
+def test_megatron_trains_under_both_engines_and_refuses_bad_factors(train_run):
+    from conftest import compose_cfg
+    from lsexp.config.errors import ConfigError
+    from lsexp.preflight import validate
+
+    setting = dict(initial_scale=1024.0, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                   growth_interval=4, hysteresis=2)
+    common = ["model=mlp", "amp=O0", "loss_scale=megatron", "inject.overflow_steps=[3,4,9]",
+              "train.max_steps=16"] + [f"loss_scale.{k}={v}" for k, v in setting.items()]
+    _, cell, _ = train_run("engine=cell", *common)
+    _, functional, _ = train_run("engine=functional", *common)
+    assert cell == functional
+    assert [r["loss_scale"] for r in cell] == megatron_scale_column([r["overflow"] for r in cell], **setting)
+    assert cell[-1]["skipped_steps"] == 3
+    for override, message in [("loss_scale.backoff_factor=1.5", "loss_scale.backoff_factor=1.5: must lie "
+                                                                 "between 0 and 1"),
+                              ("loss_scale.growth_factor=1", "loss_scale.growth_factor=1.0: must be > 1"),
+                              ("loss_scale.min_scale=1e10",
+                               "loss_scale.min_scale=10000000000.0: must be <=")]:
+        with pytest.raises(ConfigError) as err:
+            validate(compose_cfg("loss_scale=megatron", override))
+        assert len(err.value.problems) == 1 and err.value.problems[0].startswith(message), err.value.problems
 
 
 def test_the_random_sequences_reach_the_floor_and_the_cap():

@@ -1,7 +1,16 @@
 """The reference loss_scale=dynamic_hysteresis is checked against: DeepSpeed's dynamic loss scaler
 (DynamicLossScaler.update_scale in deepspeed/runtime/fp16/loss_scaler.py), transcribed rule for rule
-in plain Python, with raise_error_at_min_scale=False. The one addition is Apex's cap (max_scale),
-applied where the scale grows; max_scale=None is DeepSpeed exactly."""
+in plain Python, with raise_error_at_min_scale=False, as read at deepspeedai/DeepSpeed commits
+18fd4c973de35381257542d2c99177a82a4b525a and 68ee9f83ae9a278ac09e02b3697094673c9896cd (the same
+update_scale in both). The one addition is Apex's cap (max_scale), applied where the scale grows;
+max_scale=None is DeepSpeed exactly.
+
+Today's DeepSpeed grows when `stable_interval = cur_iter - last_overflow_iter - 1` is positive and a
+multiple of scale_window: after scale_window + 1 clean steps, from the start and after an overflow,
+then every scale_window. Older releases grew on `(cur_iter - last_overflow_iter) % scale_window == 0`,
+one step earlier, which is Megatron's rule (helpers/megatron_grad_scaler.py); docs/strategies.md says
+which releases have which.
+"""
 
 from typing import List, Optional, Sequence
 
@@ -30,7 +39,8 @@ class DeepSpeedDynamicLossScaler:
         else:
             if self.consecutive_hysteresis:
                 self.cur_hysteresis = self.delayed_shift
-            if (self.cur_iter - self.last_overflow_iter) % self.scale_window == 0:
+            stable_interval = (self.cur_iter - self.last_overflow_iter) - 1
+            if (stable_interval > 0) and (stable_interval % self.scale_window == 0):
                 if not self.consecutive_hysteresis:
                     self.cur_hysteresis = self.delayed_shift
                 self.cur_scale *= self.scale_factor

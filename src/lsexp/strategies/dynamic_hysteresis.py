@@ -1,18 +1,27 @@
-"""loss_scale=dynamic_hysteresis: dynamic loss scaling with hysteresis, a floor and a cap.
+"""loss_scale=dynamic_hysteresis and loss_scale=megatron: dynamic loss scaling with hysteresis, a floor
+and a cap.
 
 MindSpore's DynamicLossScaleManager backs off at the first overflow and has no floor guard or cap.
 The scalers large-model training relies on do: DeepSpeed and Megatron tolerate `hysteresis - 1`
-overflows before backing off, never go below `min_loss_scale`, and Apex caps the scale at 2^24.
-This is DeepSpeed's DynamicLossScaler.update_scale (deepspeed/runtime/fp16/loss_scaler.py), with
-raise_error_at_min_scale=False (a run stuck at the floor is lsexp's train.collapse_patience) and
-Apex's cap added, written once as tensor arithmetic so that it runs inside the compiled step:
+overflows before backing off and never go below their floor, and Apex caps the scale at 2^24.
 
-- as an update cell (HysteresisLossScaleManager.get_update_cell), called by the cell engine's
-  train step exactly where nn.TrainOneStepWithLossScaleCell calls DynamicLossScaleUpdateCell;
+- dynamic_hysteresis is DeepSpeed's DynamicLossScaler.update_scale
+  (deepspeed/runtime/fp16/loss_scaler.py) as DeepSpeed has it today: it grows when
+  `cur_iter - last_overflow_iter - 1` is positive and a multiple of scale_window, one clean step
+  later than older DeepSpeed releases did. raise_error_at_min_scale=False (a run stuck at the floor
+  is lsexp's train.collapse_patience), and Apex's cap added.
+- megatron is Megatron-LM's DynamicGradScaler.update (megatron/core/optimizer/grad_scaler.py): it
+  grows on the growth_interval-th clean step in a row (older DeepSpeed's timing), backs off by
+  multiplying with backoff_factor, refills the hysteresis only at a growth, and has no cap.
+
+The rule is written once as tensor arithmetic, so that it runs inside the compiled step:
+
+- as an update cell (get_update_cell), called by the cell engine's train step exactly where
+  nn.TrainOneStepWithLossScaleCell calls DynamicLossScaleUpdateCell;
 - as a mindspore.amp.LossScaler (get_loss_scaler), the functional engine's counterpart of
   DynamicLossScaler.
 
-Every overflow skips the update, as in DeepSpeed; hysteresis only delays the back-off.
+Every overflow skips the update, as in both; hysteresis only delays the back-off.
 """
 
 from __future__ import annotations
@@ -30,7 +39,12 @@ class _HysteresisState:
     """The scaler's state as Parameters (so checkpoints carry it), and DeepSpeed's rule over them."""
 
     def _init_state(self, hysteresis, consecutive_hysteresis, min_loss_scale, max_loss_scale, scale_factor,
-                    scale_window):
+                    scale_window, growth="deepspeed", backoff_factor=None):
+        # Python constants, so the compiled step holds one rule: growth "deepspeed" (today's) or
+        # "megatron"; a back-off that divides by scale_factor (DeepSpeed) or multiplies by backoff_factor
+        self.deepspeed_growth = growth == "deepspeed"
+        self.multiply_back = backoff_factor is not None
+        self.backoff = Tensor(backoff_factor or 1.0, mstype.float32)
         self.delayed_shift = Tensor(hysteresis, mstype.int32)
         self.consecutive_hysteresis = bool(consecutive_hysteresis)
         self.min_scale = Tensor(min_loss_scale, mstype.float32)
@@ -48,11 +62,17 @@ class _HysteresisState:
         hysteresis = self.cur_hysteresis
         # On overflow: back off once the tolerance is used up (cur_hysteresis 1), else use up one.
         back_off = ops.logical_and(overflow, hysteresis <= 1)
-        scale_overflow = ops.select(back_off, ops.maximum(scale / self.factor, self.min_scale), scale)
+        lower = scale * self.backoff if self.multiply_back else scale / self.factor
+        scale_overflow = ops.select(back_off, ops.maximum(lower, self.min_scale), scale)
         hysteresis_overflow = ops.select(back_off, hysteresis, hysteresis - 1)
         # Without overflow: grow every scale_window iterations counted from the last overflow.
         since = self.cur_iter - self.last_overflow_iter
-        grow = ops.logical_and(ops.logical_not(overflow), ops.floor_mod(since, self.window) == 0)
+        if self.deepspeed_growth:  # stable_interval: the first growth one clean step later
+            stable = since - 1
+            due = ops.logical_and(stable > 0, ops.floor_mod(stable, self.window) == 0)
+        else:  # Megatron's growth_interval-th clean step in a row
+            due = ops.floor_mod(since, self.window) == 0
+        grow = ops.logical_and(ops.logical_not(overflow), due)
         scale_clean = ops.select(grow, ops.minimum(scale * self.factor, self.max_scale), scale)
         if self.consecutive_hysteresis:
             hysteresis_clean = self.delayed_shift  # any clean step restores the tolerance
@@ -89,7 +109,8 @@ class HysteresisLossScaler(_HysteresisState, DynamicLossScaler):
 
     def __init__(self, scale_value, **options):
         """options: HysteresisLossScaleManager's, past init_loss_scale."""
-        super().__init__(scale_value, options["scale_factor"], options["scale_window"])
+        # DynamicLossScaler's own factor and window (positive ints) go unused: adjust is replaced
+        super().__init__(scale_value, 2, 1)
         del self.counter  # DynamicLossScaler's window counter; the hysteresis state replaces it
         self._init_state(**options)
 
@@ -126,3 +147,14 @@ class HysteresisLossScaleManager(LossScaleManager):
 
     def get_loss_scaler(self) -> HysteresisLossScaler:
         return HysteresisLossScaler(self.init_loss_scale, **self.options)
+
+
+class MegatronGradScalerManager(HysteresisLossScaleManager):
+    """Megatron-LM's DynamicGradScaler over its own argument names, as a LossScaleManager."""
+
+    def __init__(self, initial_scale: float = 2.0**32, min_scale: float = 1.0, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2):
+        self.init_loss_scale = initial_scale
+        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=False, min_loss_scale=min_scale,
+                            max_loss_scale=None, scale_factor=growth_factor, scale_window=growth_interval,
+                            growth="megatron", backoff_factor=backoff_factor)
