@@ -43,6 +43,11 @@ def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, override
         assert float(layers[[int(r["step"]) for r in layers].index(step)]["loss_scale"]) == row["loss_scale"]
         for key in ("zero", "underflow", "overflow"):
             assert row[f"{key}_fraction"] == pytest.approx(fractions[key], rel=1e-6, abs=1e-7), (step, key)
+        amax = max(float(r["amax"]) for r in layers if int(r["step"]) == step)
+        if row["overflow"]:
+            assert math.isnan(row["headroom_log2"]), "no headroom on a step that overflowed"
+        else:
+            assert row["headroom_log2"] == pytest.approx(math.log2(65504.0 / amax), rel=1e-6, abs=1e-6)
         if math.isfinite(norm):
             assert row["grad_norm"] == pytest.approx(norm, rel=1e-4)
         else:
@@ -53,6 +58,11 @@ def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, override
         assert rows[0]["underflow_fraction"] > 0, "at scale 1 some LeNet5 gradients are below 2^-24"
     if "amp=O2" in overrides:
         assert rows[0]["overflow_fraction"] > 0 and rows[0]["overflow"] == 1
+        # every step that did not overflow kept its largest float16 gradient at or below 65504
+        assert math.isnan(rows[0]["headroom_log2"])
+        assert all(r["headroom_log2"] >= 0 for r in rows if not r["overflow"])
+    else:  # float32 at scale 1: LeNet5's largest gradient is far below float16's largest value
+        assert all(r["headroom_log2"] > 10 for r in rows)
 
 
 @pytest.mark.parametrize("model", [
@@ -79,7 +89,7 @@ def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
     assert out.returncode == 0, out.stderr
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
-    for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction"):
+    for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 5, key
     names = {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")}
     assert names == {"telemetry/grad_layers.csv", "telemetry/grad_hist_step1.csv",

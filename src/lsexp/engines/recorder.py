@@ -136,8 +136,9 @@ class StepRecorder:
         return grads
 
     def _grad_telemetry(self, scaled_grads, scale):
-        """The gradients as backprop computed them, scaled by `scale`: their unscaled global norm and
-        the fractions of elements that float16 would flush to zero, that overflow it, that are zero.
+        """The gradients as backprop computed them, scaled by `scale`: their unscaled global norm, the
+        fractions of elements that float16 would flush to zero, that overflow it, that are zero, and the
+        powers of two between the largest of them and float16's largest value.
         At O2/O3 these are the gradients float16 layers produced; at O0 a what-if for float16."""
         flat = ops.concat(self.hyper_map(_flatten, scaled_grads))
         size = ops.cast(ops.size(flat), mstype.float32)
@@ -148,7 +149,8 @@ class StepRecorder:
             ops.cast(ops.logical_not(magnitude <= self.fp16_max), mstype.float32).sum() / size
         )  # inf, nan too
         norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
-        return [norm, under, over, zero]
+        headroom = ops.log2(self.fp16_max / magnitude.max())
+        return [norm, under, over, zero, headroom]
 
     def _stats(self, loss, overflow, scale, skipped, params_finite, lr, extra=()):
         # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.

@@ -5,8 +5,8 @@ The per-step statistics are computed inside the compiled step (loss_scaling._gra
 runs, from a separate compiled gradient of the same loss network, inputs and scale, and writes:
 
 - grad_layers.csv: per parameter, the element count, how many are zero, would flush to zero in
-  float16 (non-zero, |g*S| < 2^-24), would overflow it (|g*S| > 65504, or non-finite), and the
-  unscaled norm;
+  float16 (non-zero, |g*S| < 2^-24), would overflow it (|g*S| > 65504, or non-finite), the
+  unscaled norm, and the largest |g*S| (amax);
 - grad_hist_step<k>.csv / .png: the histogram of log2|g| (unscaled, non-zero finite elements),
   with float16's limits marked as Micikevicius et al. 2018 do in Fig. 2b: 2^-24 (the smallest
   subnormal), 2^-24/S (the smallest gradient that survives at scale S) and 65504/S (the largest).
@@ -23,7 +23,8 @@ import numpy as np
 
 from lsexp.engines import FP16_MAX, FP16_TINY
 
-LAYER_COLUMNS = ("step", "loss_scale", "parameter", "elements", "zero", "underflow", "overflow", "norm")
+LAYER_COLUMNS = ("step", "loss_scale", "parameter", "elements", "zero", "underflow", "overflow", "norm",
+                 "amax")
 BINS = np.arange(-80, 33)  # log2|g| from 2^-80 to 2^32, one bin per power of two
 
 
@@ -33,7 +34,8 @@ def counts(scaled: np.ndarray, scale: float) -> dict:
     return {"elements": magnitude.size, "zero": int((magnitude == 0).sum()),
             "underflow": int(((magnitude > 0) & (magnitude < FP16_TINY)).sum()),
             "overflow": int((~(magnitude <= FP16_MAX)).sum()),
-            "norm": float(np.sqrt((magnitude.astype(np.float64) ** 2).sum()) / scale)}
+            "norm": float(np.sqrt((magnitude.astype(np.float64) ** 2).sum()) / scale),
+            "amax": float(magnitude.max()) if magnitude.size else 0.0}
 
 
 class GradientProbe:
