@@ -193,8 +193,7 @@ def test_cli_config_error_is_one_line_and_writes_nothing(tmp_path, args, keys):
     (["train.max_stpes=3"],
      "train.max_stpes=3: TrainConfig has no key 'max_stpes'; did you mean train.max_steps? its keys are "),
     (["loss_scale=fixd_drop"],
-     "loss_scale=fixd_drop: no such option; did you mean loss_scale=fixed_drop? the options are "
-     "adaptive_window, dynamic, dynamic_hysteresis, dynamic_seed_blog, fixed_drop, fixed_nodrop, megatron, none"),
+     "loss_scale=fixd_drop: no such option; did you mean loss_scale=fixed_drop? the options are "),
     (["train.max_steps=abc"],
      "train.max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer; give "
      "train.max_steps a value its schema takes"),
