@@ -25,7 +25,8 @@ OPTIONS = {
     "model": ["lenet5", "mlp", "resnet"],
     "dataset": ["synthetic", "digits"],
     "amp": ["O0", "O1", "O2", "O3"],
-    "loss_scale": ["none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog"],
+    "loss_scale": ["none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_seed_blog", "dynamic_hysteresis",
+                   "megatron", "adaptive_window", "amax_history"],
     "optimizer": ["momentum"],
     "device": ["cpu", "auto"],
     "tracking": ["mlflow", "none"],
@@ -56,7 +57,8 @@ def test_every_family_has_its_schema_beside_its_code():
     assert set(families.schemas("model")) >= {"lenet5", "mlp", "resnet", "transformer"}
     assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder",
                                                 "text", "sequence"}
-    assert set(families.schemas("loss_scale")) == {"none", "fixed", "dynamic", "dynamic_hysteresis"}
+    assert set(families.schemas("loss_scale")) == {"none", "fixed", "dynamic", "dynamic_hysteresis",
+                                                   "megatron", "adaptive_window", "amax_history"}
     for group in families.PACKAGES:
         for name, module in families.schemas(group).items():
             # each family has a YAML option that builds on its schema (fixed: fixed_drop and fixed_nodrop)

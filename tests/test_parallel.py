@@ -199,3 +199,28 @@ def test_accumulation_under_data_parallel_reduces_once_per_step_and_the_ranks_st
     assert json.loads((run_dir / "summary.json").read_text())["ranks_identical"] is True
     digests = sorted(run_dir.glob("msrun_log/rank*.params_sha256"))
     assert len(digests) == 2 and len({p.read_text() for p in digests}) == 1
+
+
+@pytest.mark.msrun
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+@pytest.mark.parametrize("option", ["adaptive_window", "amax_history"])
+def test_the_new_scalers_decide_alike_on_every_rank_when_one_ranks_gradients_are_poisoned(tmp_path, option,
+                                                                                           engine):
+    # Rank 1's overflows reach rank 0 through the reducer; amax_history's amax is taken after it, so both
+    # ranks predict the same scale. The digests cover the parameters and every state entry of the scaler.
+    window = (["loss_scale.scale_window=3", "loss_scale.min_scale_window=3", "loss_scale.max_scale_window=12",
+               "loss_scale.loss_scale_value=1024"] if option == "adaptive_window"
+              else ["loss_scale.history_len=4"])
+    out, _, run_dir = _lsexp(tmp_path, f"engine={engine}", f"loss_scale={option}", *window, "tracking=none",
+                             "inject.overflow_steps=[3,4,9]", "inject.rank=1", "train.max_steps=16")
+    assert out.returncode == 0, out.stderr
+    rows = read_history(run_dir / "history.csv")
+    # at O2 a predicted scale can overflow the activations' gradients too (docs/strategies.md)
+    overflows = [r["step"] for r in rows if r["overflow"]]
+    assert {3, 4, 9} <= set(overflows) and rows[-1]["skipped_steps"] == len(overflows)
+    scales = [r["loss_scale"] for r in rows]
+    assert scales[3] == scales[2] / 2 and scales[4] == scales[3] / 2
+    assert len(set(r["loss_scale"] for r in rows)) > 2  # it moved, not only backed off
+    digests = sorted(run_dir.glob("msrun_log/rank*.params_sha256"))
+    assert len(digests) == 2 and len({p.read_text() for p in digests}) == 1
+    assert json.loads((run_dir / "summary.json").read_text())["ranks_identical"] is True

@@ -11,6 +11,9 @@ FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
 # clipping, last, the unscaled global norm the clip saw (after the reducer; the loop adds `clipped`, that
 # norm above clip_norm on a step that updated)
 CLIP = ("global_norm",)
+# a strategy that measures_amax: the largest unscaled gradient magnitude after the reducer, which its
+# update read (NaN on a step that overflowed); before clipping's norm
+AMAX = ("grad_amax",)
 # headroom_log2: log2(FP16_MAX / max|S*g|), how many powers of two the largest scaled gradient stayed below
 # float16's largest value; the loop makes it NaN on a step that overflowed
 TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2")

@@ -29,11 +29,11 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
 
     def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
                  native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
-                 micro_batch=0):
+                 micro_batch=0, measure_amax=False):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
-        self._init_recipe(recipe)
+        self._init_recipe(recipe, measure_amax)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
@@ -74,7 +74,12 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         cond = self.get_overflow_status(status, grads)
-        overflow = self.process_loss_scale(cond)
+        amax = []
+        if self.measure_amax:  # the update cell predicts the scale from it (with clipping, still scaled)
+            amax = [self._amax(grads, scale_used if self.clip else self.one)]
+            overflow = self.loss_scaling_manager(self.scale_sense, cond, amax[0])
+        else:
+            overflow = self.process_loss_scale(cond)
         clip = []
         if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped
             norm, factor = self._clip(grads, ops.cast(scale_used, mstype.float32), True)
@@ -86,7 +91,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + clip)
+        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + amax + clip)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -145,4 +150,5 @@ def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, 
     kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe)
     if not strategy.drops_overflow:
         return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
-    return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(), **kwargs)
+    return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(),
+                              measure_amax=strategy.measures_amax, **kwargs)

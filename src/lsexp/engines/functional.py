@@ -44,7 +44,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
 
     def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
                  last_step=0, native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
-                 micro_batch=0):
+                 micro_batch=0, measure_amax=False):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -54,7 +54,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.grad_reducer = _grad_reducer(self.weights)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
-        self._init_recipe(recipe)
+        self._init_recipe(recipe, measure_amax)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
         self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
         # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
@@ -89,6 +89,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         finite = all_finite(grads)
+        amax = [self._amax(grads, scale)] if self.measure_amax else []  # the scaler predicts from it
         clip = []
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped
@@ -113,10 +114,13 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             loss = ops.depend(loss, self.optimizer(grads))
             params_finite = all_finite(ops.depend(self.weights, loss))
             skipped = self.zero
-        if self.scaler is not None:
+        if self.measure_amax:
+            loss = ops.depend(loss, self.scaler.adjust(finite, amax[0]))
+        elif self.scaler is not None:
             loss = ops.depend(loss, self.scaler.adjust(finite))
         loss = self._schedule_moved(loss)
-        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr, telemetry + clip)
+        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr,
+                           telemetry + amax + clip)
 
 
 def build_train_step(
@@ -136,5 +140,6 @@ def build_train_step(
         strategy.scaler(),
         strategy.drops_overflow,
         recipe=recipe,
+        measure_amax=strategy.measures_amax,
         **injection(cfg, last_step, native_check, rank),
     )

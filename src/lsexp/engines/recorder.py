@@ -13,7 +13,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 
-from lsexp.engines import CLIP, FP16_MAX, FP16_TINY, TELEMETRY
+from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, TELEMETRY
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -29,6 +29,14 @@ _flatten = ops.MultitypeFuncGraph("lsexp_flatten")
 @_flatten.register("Tensor")
 def _flatten_grad(grad):
     return ops.cast(grad, mstype.float32).reshape((-1,))
+
+
+_tensor_amax = ops.MultitypeFuncGraph("lsexp_amax")
+
+
+@_tensor_amax.register("Tensor")
+def _amax_of(grad):
+    return ops.cast(ops.abs(grad).max(), mstype.float32)
 
 
 @dataclass(frozen=True)
@@ -71,13 +79,15 @@ class StepRecorder:
         self.one = Tensor(1.0, mstype.float32)
         self.zero = Tensor(0.0, mstype.float32)
 
-    def _init_recipe(self, recipe: Recipe):
+    def _init_recipe(self, recipe: Recipe, measure_amax: bool = False):
+        self.measure_amax = measure_amax
         self.clip = recipe.clip_grad_norm is not None
         self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
         self.advance = recipe.advance_schedule
         self.step_one = Tensor([1], mstype.int32)
         # clipping's last, so that the loop's `clipped` lands beside it
-        self.columns = ("lr",) + (TELEMETRY if self.telemetry else ()) + (CLIP if self.clip else ())
+        self.columns = ("lr",) + (TELEMETRY if self.telemetry else ()) + (AMAX if measure_amax else ()) + (
+            CLIP if self.clip else ())
 
     def _lr(self):
         """The learning rate this step's update uses, or would use if it is skipped: read before the
@@ -97,6 +107,12 @@ class StepRecorder:
         norm = ops.sqrt((flat * flat).sum()) / carried
         factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
         return norm, factor / carried if take_off else factor
+
+    def _amax(self, grads, carried):
+        """The largest magnitude of gradients still scaled by `carried`, unscaled: a maximum per tensor,
+        then of those, so no copy of the gradients is made."""
+        amax = ops.stack(self.hyper_map(_tensor_amax, grads)).max()
+        return amax / ops.cast(carried, mstype.float32).reshape(())
 
     def _times(self, factor, grads):
         return self.hyper_map(ops.partial(_poison, factor), grads)

@@ -132,10 +132,12 @@ def _why(log_dir: Path, code: int) -> str:
     return f"msrun exited with {code} before every rank finished; the ranks' logs are in {log_dir}"
 
 
-def params_digest(step_cell) -> str:
-    """sha256 of the trainable parameters, which data parallel keeps identical across ranks."""
+def params_digest(step_cell, state=()) -> str:
+    """sha256 of the trainable parameters and of the strategy's state (the scale and its scaler's
+    counters, named by Strategy.state_names), which data parallel keeps identical across ranks."""
     digest = hashlib.sha256()
-    for param in step_cell.network.trainable_params():
+    held = step_cell.parameters_dict()
+    for param in list(step_cell.network.trainable_params()) + [held[name] for name in state if name in held]:
         digest.update(param.name.encode())
         digest.update(param.asnumpy().tobytes())
     return digest.hexdigest()
@@ -166,17 +168,19 @@ def _rank_main(out_dir: Path) -> int:
     rank, world = get_rank(), get_group_size()
     # Rank 0's history on disk after every epoch: what the job tracks if the ranks are stopped.
     history = History(on_epoch=(lambda h: h.write_csv(out_dir / "history.csv")) if rank == 0 else None)
+    strategy = strategies.resolve(cfg)
+    state = strategy.state_names(cfg.engine.name)
     try:
         train(
             cfg,
-            strategies.resolve(cfg),
+            strategy,
             decided.for_rank(world, rank),
             out_dir,
             history,
             target,
             rank=rank,
             on_done=lambda cell: (out_dir / LOG_DIR / f"rank{rank}.params_sha256").write_text(
-                params_digest(cell)
+                params_digest(cell, state)
             ),
         )
     except KeyboardInterrupt:

@@ -39,6 +39,9 @@ class Strategy:
     name: str = "strategy"  # as run names, params and summaries show it
     drops_overflow: bool = True  # an update whose gradients overflowed is skipped
     changes: bool = False  # the scale moves during training (a dynamic strategy)
+    # its update reads the step's unscaled gradient amax (after the reducer): the engines measure it,
+    # pass it to the update cell or the scaler's adjust, and record it as the grad_amax column
+    measures_amax: bool = False
 
     def __init__(self, config: DictConfig):
         self.config = config

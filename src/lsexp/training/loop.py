@@ -46,7 +46,7 @@ class _Run:
     batch_cfg: Any = None  # the dataset config at a step's batch: accumulate_steps micro-batches
     columns: tuple = ()  # the step's stats after its five: lr, clipping's, telemetry's
     clip_at: Optional[float] = None  # optimizer.clip_grad_norm, as float32, as the step compares it
-    headroom: bool = False  # telemetry's headroom_log2 is a column
+    unmeasured: tuple = ()  # the columns an overflowed step has no value for: headroom_log2, grad_amax
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     step: int = 0
     diverged_at: Optional[int] = None
@@ -126,7 +126,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         batch_cfg=_step_batches(cfg),
         columns=step_cell.columns,
         clip_at=None if (clip := cfg.optimizer.clip_grad_norm) is None else float(np.float32(clip)),
-        headroom="headroom_log2" in step_cell.columns,
+        unmeasured=tuple(c for c in ("headroom_log2", "grad_amax") if c in step_cell.columns),
     )
 
 
@@ -182,8 +182,9 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
     row.update(zip(run.columns, values[5:]))  # lr, then telemetry's and clipping's norm
     if run.clip_at is not None:  # the norm, last, above clip_norm on a step that updated: it clipped
         row["clipped"] = int(not skip and values[-1] > run.clip_at)
-    if overflow and run.headroom:  # no headroom on a step whose gradients overflowed
-        row["headroom_log2"] = math.nan
+    if overflow:  # no headroom and no amax on a step whose gradients overflowed
+        for column in run.unmeasured:
+            row[column] = math.nan
     run.history.rows.append(row)
     run.progress.update(loss, scale)
     if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step

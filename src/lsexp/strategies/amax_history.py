@@ -1,0 +1,147 @@
+"""loss_scale=amax_history: a scale predicted from the gradients' measured amax instead of found by
+trial and error.
+
+The rule is Transformer Engine's DelayedScaling recipe (transformer_engine/common/recipe.py) applied to
+the loss scale: a rolling history of the largest unscaled gradient magnitude (amax) over the last
+`history_len` clean steps, aggregated by `amax_compute_algo` (max or most_recent), gives
+
+    scale = 2 ** (floor(log2(FP16_MAX / amax)) - margin),  clipped to [min_loss_scale, max_loss_scale]
+
+so that the largest gradient, scaled, lands within a power of two of float16's largest value, with
+`margin` powers of two kept free. What does not carry over from TE: TE scales each tensor by its own
+amax, while one loss scale covers every gradient in the backward pass, and the activation gradients
+between the layers are not measured. They can overflow where the weight gradients did not, so an
+overflow is still possible; it skips the update and backs the scale off by `backoff_factor`, as a
+dynamic scaler does, and adds nothing to the history. Because the history would predict the scale
+that just overflowed again, the backed-off scale is also a ceiling on the prediction until
+`history_len` clean steps have passed. Before the first clean step the scale is `init_loss_scale`.
+
+The amax is measured inside the compiled step, after the gradient reducer (so every data-parallel rank
+predicts the same scale), with no host sync. As the other scalers here, the rule is written once as
+tensor arithmetic and runs as an update cell (cell engine) and as a mindspore.amp.LossScaler
+(functional engine); its state is Parameters, so checkpoints carry it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore import dtype as mstype
+from mindspore.amp import LossScaleManager, StaticLossScaler
+from mindspore.graph.api import jit_class
+
+from lsexp.strategies.amax_history_schema import STATE
+
+# the largest scaled gradient must stay below float16's largest finite value
+FP16_MAX = float(np.finfo(np.float16).max)
+
+
+class _AmaxHistoryState:
+    """The history, the ceiling and the rule over them, as Parameters and tensor arithmetic."""
+
+    def _init_state(self, history_len, amax_compute_algo, margin, backoff_factor, min_loss_scale,
+                    max_loss_scale):
+        self.most_recent = amax_compute_algo == "most_recent"  # a Python constant: one rule per graph
+        self.length = Tensor(history_len, mstype.int32)
+        self.fp16_max = Tensor(FP16_MAX, mstype.float32)
+        self.margin = Tensor(margin, mstype.float32)
+        self.backoff = Tensor(backoff_factor, mstype.float32)
+        self.min_scale = Tensor(min_loss_scale, mstype.float32)
+        self.max_scale = Tensor(max_loss_scale, mstype.float32)
+        self.two = Tensor(2.0, mstype.float32)
+        self.one_step = Tensor(1, mstype.int32)
+
+        def state(value, dtype, name):
+            return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
+
+        # oldest first, the most recent last; zeros count for nothing under max (amax >= 0)
+        self.history = state(np.zeros(history_len, np.float32), mstype.float32, STATE[0])
+        self.count = state(0, mstype.int32, STATE[1])  # entries so far, up to history_len
+        self.ceiling = state(max_loss_scale, mstype.float32, STATE[2])
+        self.calm = state(history_len, mstype.int32, STATE[3])  # clean steps since the last overflow
+
+    def _power_of_two_below(self, ratio):
+        """floor(log2(ratio)) exactly, as the float32 exponent (frexp) gives it: log2 rounds near powers of
+        two, so its floor is corrected against exp2 of itself, which is exact for integers."""
+        e = ops.floor(ops.log2(ratio))
+        e = e - ops.cast(ops.exp2(e) > ratio, mstype.float32)
+        return e + ops.cast(ops.exp2(e + 1) <= ratio, mstype.float32)
+
+    def _next_scale(self, scale, overflow, amax):
+        """Returns the next scale and assigns the history, the ceiling and the counters."""
+        history = ops.select(overflow, self.history,
+                             ops.concat((self.history[1:], ops.cast(amax, mstype.float32).reshape((1,)))))
+        count = ops.select(overflow, self.count, ops.minimum(self.count + self.one_step, self.length))
+        calm = ops.select(overflow, ops.zeros_like(self.calm), self.calm + self.one_step)
+        agg = history[-1] if self.most_recent else history.max()
+        exponent = self._power_of_two_below(self.fp16_max / agg)  # an amax of 0 gives inf: the cap
+        predicted = ops.minimum(ops.maximum(ops.exp2(exponent - self.margin), self.min_scale), self.max_scale)
+        backed_off = ops.maximum(scale / self.backoff, self.min_scale)
+        # an overflow caps the prediction at the backed-off scale until history_len clean steps have passed
+        lifted = ops.select(calm >= self.length, self.max_scale, self.ceiling)
+        ceiling = ops.select(overflow, backed_off, lifted)
+        clean = ops.select(count > 0, ops.minimum(predicted, ceiling), scale)
+        new_scale = ops.select(overflow, backed_off, clean)
+        new_scale = ops.depend(new_scale, ops.assign(self.history, history))
+        new_scale = ops.depend(new_scale, ops.assign(self.count, count))
+        new_scale = ops.depend(new_scale, ops.assign(self.calm, calm))
+        return ops.depend(new_scale, ops.assign(self.ceiling, ceiling))
+
+
+class AmaxHistoryUpdateCell(_AmaxHistoryState, nn.Cell):
+    """The update cell the cell engine's train step calls with (scale Parameter, overflow, amax): like
+    DynamicLossScaleUpdateCell, plus the step's unscaled amax."""
+
+    def __init__(self, loss_scale_value, **options):
+        super().__init__()
+        self.loss_scale_value = loss_scale_value
+        self._init_state(**options)
+
+    def get_loss_scale(self):
+        return self.loss_scale_value
+
+    def construct(self, loss_scale, overflow, amax):
+        return ops.depend(overflow, ops.assign(loss_scale, self._next_scale(loss_scale, overflow, amax)))
+
+
+@jit_class
+class AmaxHistoryLossScaler(_AmaxHistoryState, StaticLossScaler):
+    """The functional engine's counterpart: StaticLossScaler's scale/unscale over a scale_value Parameter,
+    and an adjust that also takes the step's unscaled amax."""
+
+    def __init__(self, scale_value, **options):
+        super().__init__(scale_value)
+        self._init_state(**options)
+
+    def adjust(self, grads_finite, amax):
+        ops.assign(self.scale_value, self._next_scale(self.scale_value, ops.logical_not(grads_finite), amax))
+        return True
+
+
+class AmaxHistoryLossScaleManager(LossScaleManager):
+    """A mindspore.amp.LossScaleManager over the schema's keys; it hands out the update cell or the
+    LossScaler. Overflowed updates are always dropped."""
+
+    def __init__(self, init_loss_scale: float = 2.0**16, history_len: int = 16,
+                 amax_compute_algo: str = "max", margin: int = 0, backoff_factor: float = 2.0,
+                 min_loss_scale: float = 1.0, max_loss_scale: float = 2.0**24):
+        self.init_loss_scale = init_loss_scale
+        self.options = dict(history_len=history_len, amax_compute_algo=amax_compute_algo, margin=margin,
+                            backoff_factor=backoff_factor, min_loss_scale=min_loss_scale,
+                            max_loss_scale=max_loss_scale)
+
+    def get_loss_scale(self):
+        return self.init_loss_scale
+
+    def get_drop_overflow_update(self):
+        return True
+
+    def update_loss_scale(self, overflow):
+        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or "
+                                  "get_loss_scaler()")
+
+    def get_update_cell(self) -> AmaxHistoryUpdateCell:
+        return AmaxHistoryUpdateCell(self.init_loss_scale, **self.options)
+
+    def get_loss_scaler(self) -> AmaxHistoryLossScaler:
+        return AmaxHistoryLossScaler(self.init_loss_scale, **self.options)
