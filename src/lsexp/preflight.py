@@ -9,7 +9,6 @@ target, the families their files and shapes, the studies their names, the launch
 
 from __future__ import annotations
 
-import contextlib
 import re
 import sys
 from dataclasses import dataclass
@@ -255,40 +254,6 @@ def trace_shapes(cfg, strategy: Strategy):
     return data, net
 
 
-def bfloat16_kernels(cfg) -> None:
-    """amp.dtype=bfloat16 on a CPU: one forward and backward pass of two samples, eagerly, in the amp
-    level's precision, so that an operator MindSpore's CPU kernels lack in bfloat16 is one line before
-    anything is written, not a kernel-selection traceback from the compiled step."""
-    import tempfile
-
-    import mindspore as ms
-
-    from lsexp.models.loss import SoftmaxCrossEntropy
-    from lsexp.runtime import device
-    from lsexp.training.build import load_data, network
-
-    isa = device.onednn_isa(cfg.device)
-    if device.configure(cfg.device, "pynative", cfg.device.threads_num, isa) != "CPU":
-        return
-    data = load_data(cfg)
-    x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
-    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # O1's rewritten source
-        net = ms.amp.auto_mixed_precision(network(cfg), cfg.amp.level, dtype=ms.bfloat16)
-        loss_net = ms.nn.WithLossCell(net, SoftmaxCrossEntropy())
-        try:
-            ms.value_and_grad(loss_net, None, net.trainable_params())(x[:2], y[:2])
-        except (TypeError, RuntimeError) as err:
-            found = re.search(r"Select CPU operator\[(\w+)\]", str(err))
-            if found is None:
-                raise
-            raise ConfigError([
-                f"amp.dtype=bfloat16: MindSpore {ms.__version__}'s CPU kernels have no bfloat16 "
-                f"{found.group(1)}, which model._target_={cfg.model._target_} needs at "
-                f"amp.level={cfg.amp.level}; "
-                f"use amp.dtype=float16 with a loss_scale, amp.level=O0, or a GPU or Ascend device"
-            ]) from None
-
-
 @dataclass
 class Checked:
     """A config that passed: its strategy, and for a user's own model or data set what the probe built."""
@@ -301,7 +266,11 @@ def check(cfg: DictConfig) -> Checked:
     """validate, then, for a model or data set lsexp has no schema for, one traced batch."""
     strategy = validate(cfg)
     if cfg.amp.dtype == "bfloat16" and cfg.amp.level != "O0":
-        bfloat16_kernels(cfg)
+        from lsexp.training.build import bfloat16_refusal
+
+        refusal = bfloat16_refusal(cfg)
+        if refusal:
+            raise ConfigError([refusal])
     if (
         families.of("model", cfg.model._target_) is None
         or families.of("dataset", cfg.dataset._target_) is None

@@ -4,7 +4,10 @@ the engine's train step around the strategy."""
 from __future__ import annotations
 
 import contextlib
+import re
+import tempfile
 from pathlib import Path
+from typing import Optional
 
 
 def load_data(cfg):
@@ -62,3 +65,34 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
                                  rank=rank, recipe=recipe)
     step_cell.set_train()
     return net, step_cell
+
+
+def bfloat16_refusal(cfg) -> Optional[str]:
+    """amp.dtype=bfloat16 on a CPU: one forward and backward pass of two samples, eagerly, in amp.level's
+    precision. The line naming an operator MindSpore's CPU kernels lack in bfloat16, or None when the
+    pass runs (or the target is not a CPU): preflight refuses the run with it before anything is written,
+    instead of a kernel-selection traceback from the compiled step, and a study shows it in its row."""
+    import mindspore as ms
+
+    from lsexp.models.loss import SoftmaxCrossEntropy
+    from lsexp.runtime import device
+
+    isa = device.onednn_isa(cfg.device)
+    if device.configure(cfg.device, "pynative", cfg.device.threads_num, isa) != "CPU":
+        return None
+    data = load_data(cfg)
+    x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
+    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # O1's rewritten source
+        net = ms.amp.auto_mixed_precision(network(cfg), cfg.amp.level, dtype=ms.bfloat16)
+        loss_net = ms.nn.WithLossCell(net, SoftmaxCrossEntropy())
+        try:
+            ms.value_and_grad(loss_net, None, net.trainable_params())(x[:2], y[:2])
+        except (TypeError, RuntimeError) as err:
+            found = re.search(r"Select CPU operator\[(\w+)\]", str(err))
+            if found is None:
+                raise
+            return (f"amp.dtype=bfloat16: MindSpore {ms.__version__}'s CPU kernels have no bfloat16 "
+                    f"{found.group(1)}, which model._target_={cfg.model._target_} needs at "
+                    f"amp.level={cfg.amp.level}; use amp.dtype=float16 with a loss_scale, amp.level=O0, or a "
+                    f"GPU or Ascend device")
+    return None
