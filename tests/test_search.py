@@ -1,10 +1,12 @@
 """hydra/sweeper=optuna through experiment=tune_dynamic: one parent, a child per trial, the best tagged."""
 
+import pytest
 import yaml
 
 from conftest import run_cli
 
 
+@pytest.mark.slow  # an Optuna sweep of 4 trials: ~60 s; CI runs it in the slow step
 def test_tune_dynamic_runs_its_trials_and_tags_the_best(tmp_path):
     from mlflow.tracking import MlflowClient
 

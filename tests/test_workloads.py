@@ -79,6 +79,7 @@ def test_transformer_trains_in_float16(train_run, text_file, amp, strategy):
 
 
 # --- what the workloads learn -------------------------------------------------------------------
+@pytest.mark.slow  # trains to accuracy: ~25 s; CI runs it in the slow step
 def test_transformer_solves_the_sequence_task_on_held_out_sequences(train_run):
     summary, _, _ = train_run("model=transformer", "dataset=sequence", "train.epochs=2")
     assert summary["eval_accuracy"] >= 0.9, summary
