@@ -23,8 +23,10 @@ from typing import List
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
-from mindspore.amp import DynamicLossScaler, LossScaleManager
+from mindspore.amp import DynamicLossScaler
 from mindspore.graph.api import jit_class
+
+from lsexp.strategies.manager import InStepLossScaleManager
 
 # MindFormers fixes both in AdaptiveLossScaleUpdateCell.__init__.
 WINDOW_INTERVAL, WINDOW_FACTOR = 100, 2
@@ -154,29 +156,12 @@ class AdaptiveWindowLossScaler(_AdaptiveWindowState, DynamicLossScaler):
         return True
 
 
-class AdaptiveLossScaleManager(LossScaleManager):
-    """A mindspore.amp.LossScaleManager, like DynamicLossScaleManager, over MindFormers' keys: it hands
-    out the update cell (cell engine) or the LossScaler (functional engine). Overflowed updates are
-    always dropped."""
+class AdaptiveLossScaleManager(InStepLossScaleManager):
+    """MindFormers' keys, as a mindspore.amp.LossScaleManager like DynamicLossScaleManager."""
+
+    UPDATE_CELL, LOSS_SCALER = AdaptiveLossScaleUpdateCell, AdaptiveWindowLossScaler
 
     def __init__(self, loss_scale_value: float = 2.0**32, scale_factor: int = 2, scale_window: int = 20,
                  max_scale_window: int = 1000, min_scale_window: int = 20):
-        self.loss_scale_value = loss_scale_value
-        self.options = dict(scale_factor=scale_factor, scale_window=scale_window,
-                            max_scale_window=max_scale_window, min_scale_window=min_scale_window)
-
-    def get_loss_scale(self):
-        return self.loss_scale_value
-
-    def get_drop_overflow_update(self):
-        return True
-
-    def update_loss_scale(self, overflow):
-        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or "
-                                  "get_loss_scaler()")
-
-    def get_update_cell(self) -> AdaptiveLossScaleUpdateCell:
-        return AdaptiveLossScaleUpdateCell(self.loss_scale_value, **self.options)
-
-    def get_loss_scaler(self) -> AdaptiveWindowLossScaler:
-        return AdaptiveWindowLossScaler(self.loss_scale_value, **self.options)
+        super().__init__(loss_scale_value, scale_factor=scale_factor, scale_window=scale_window,
+                         max_scale_window=max_scale_window, min_scale_window=min_scale_window)

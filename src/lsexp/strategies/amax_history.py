@@ -27,10 +27,11 @@ from __future__ import annotations
 import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
-from mindspore.amp import LossScaleManager, StaticLossScaler
+from mindspore.amp import StaticLossScaler
 from mindspore.graph.api import jit_class
 
 from lsexp.strategies.amax_history_schema import STATE
+from lsexp.strategies.manager import InStepLossScaleManager
 
 # the largest scaled gradient must stay below float16's largest finite value
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -118,30 +119,14 @@ class AmaxHistoryLossScaler(_AmaxHistoryState, StaticLossScaler):
         return True
 
 
-class AmaxHistoryLossScaleManager(LossScaleManager):
-    """A mindspore.amp.LossScaleManager over the schema's keys; it hands out the update cell or the
-    LossScaler. Overflowed updates are always dropped."""
+class AmaxHistoryLossScaleManager(InStepLossScaleManager):
+    """The schema's keys, as a mindspore.amp.LossScaleManager like DynamicLossScaleManager."""
+
+    UPDATE_CELL, LOSS_SCALER = AmaxHistoryUpdateCell, AmaxHistoryLossScaler
 
     def __init__(self, init_loss_scale: float = 2.0**16, history_len: int = 16,
                  amax_compute_algo: str = "max", margin: int = 0, backoff_factor: float = 2.0,
                  min_loss_scale: float = 1.0, max_loss_scale: float = 2.0**24):
-        self.init_loss_scale = init_loss_scale
-        self.options = dict(history_len=history_len, amax_compute_algo=amax_compute_algo, margin=margin,
-                            backoff_factor=backoff_factor, min_loss_scale=min_loss_scale,
-                            max_loss_scale=max_loss_scale)
-
-    def get_loss_scale(self):
-        return self.init_loss_scale
-
-    def get_drop_overflow_update(self):
-        return True
-
-    def update_loss_scale(self, overflow):
-        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or "
-                                  "get_loss_scaler()")
-
-    def get_update_cell(self) -> AmaxHistoryUpdateCell:
-        return AmaxHistoryUpdateCell(self.init_loss_scale, **self.options)
-
-    def get_loss_scaler(self) -> AmaxHistoryLossScaler:
-        return AmaxHistoryLossScaler(self.init_loss_scale, **self.options)
+        super().__init__(init_loss_scale, history_len=history_len, amax_compute_algo=amax_compute_algo,
+                         margin=margin, backoff_factor=backoff_factor, min_loss_scale=min_loss_scale,
+                         max_loss_scale=max_loss_scale)

@@ -31,8 +31,10 @@ from typing import Optional
 
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
-from mindspore.amp import DynamicLossScaler, LossScaleManager
+from mindspore.amp import DynamicLossScaler
 from mindspore.graph.api import jit_class
+
+from lsexp.strategies.manager import InStepLossScaleManager
 
 
 class _HysteresisState:
@@ -119,42 +121,26 @@ class HysteresisLossScaler(_HysteresisState, DynamicLossScaler):
         return True
 
 
-class HysteresisLossScaleManager(LossScaleManager):
-    """A mindspore.amp.LossScaleManager, like DynamicLossScaleManager: it holds the numbers and hands
-    out the update cell (cell engine) or the LossScaler (functional engine). Overflowed updates are
-    always dropped."""
+class HysteresisLossScaleManager(InStepLossScaleManager):
+    """DeepSpeed's keys, as a mindspore.amp.LossScaleManager like DynamicLossScaleManager."""
+
+    UPDATE_CELL, LOSS_SCALER = HysteresisLossScaleUpdateCell, HysteresisLossScaler
 
     def __init__(self, init_loss_scale: float = 2.0**16, hysteresis: int = 2,
                  consecutive_hysteresis: bool = False, min_loss_scale: float = 1.0,
                  max_loss_scale: Optional[float] = 2.0**24, scale_factor: int = 2, scale_window: int = 1000):
-        self.init_loss_scale = init_loss_scale
-        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=consecutive_hysteresis,
-                            min_loss_scale=min_loss_scale, max_loss_scale=max_loss_scale,
-                            scale_factor=scale_factor, scale_window=scale_window)
-
-    def get_loss_scale(self):
-        return self.init_loss_scale
-
-    def get_drop_overflow_update(self):
-        return True
-
-    def update_loss_scale(self, overflow):
-        raise NotImplementedError("the scale lives in the compiled step: use get_update_cell() or "
-                                  "get_loss_scaler()")
-
-    def get_update_cell(self) -> HysteresisLossScaleUpdateCell:
-        return HysteresisLossScaleUpdateCell(self.init_loss_scale, **self.options)
-
-    def get_loss_scaler(self) -> HysteresisLossScaler:
-        return HysteresisLossScaler(self.init_loss_scale, **self.options)
+        super().__init__(init_loss_scale, hysteresis=hysteresis,
+                         consecutive_hysteresis=consecutive_hysteresis, min_loss_scale=min_loss_scale,
+                         max_loss_scale=max_loss_scale, scale_factor=scale_factor, scale_window=scale_window)
 
 
-class MegatronGradScalerManager(HysteresisLossScaleManager):
+class MegatronGradScalerManager(InStepLossScaleManager):
     """Megatron-LM's DynamicGradScaler over its own argument names, as a LossScaleManager."""
+
+    UPDATE_CELL, LOSS_SCALER = HysteresisLossScaleUpdateCell, HysteresisLossScaler
 
     def __init__(self, initial_scale: float = 2.0**32, min_scale: float = 1.0, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 1000, hysteresis: int = 2):
-        self.init_loss_scale = initial_scale
-        self.options = dict(hysteresis=hysteresis, consecutive_hysteresis=False, min_loss_scale=min_scale,
-                            max_loss_scale=None, scale_factor=growth_factor, scale_window=growth_interval,
-                            growth="megatron", backoff_factor=backoff_factor)
+        super().__init__(initial_scale, hysteresis=hysteresis, consecutive_hysteresis=False,
+                         min_loss_scale=min_scale, max_loss_scale=None, scale_factor=growth_factor,
+                         scale_window=growth_interval, growth="megatron", backoff_factor=backoff_factor)
