@@ -130,3 +130,14 @@ def test_bad_keys_are_refused_in_one_line(override, message):
     with pytest.raises(ConfigError) as err:
         validate(compose_cfg("loss_scale=amax_history", override, *extra))
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(message)
+
+
+def test_a_bad_key_on_the_command_line_is_one_line_exit_2_and_nothing_written(tmp_path):
+    from conftest import run_cli
+
+    out = run_cli("loss_scale=amax_history", "loss_scale.margin=-1", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip().splitlines() == [
+        "lsexp: config error: loss_scale.margin=-1: must be >= 0 (powers of two kept free below float16's "
+        "largest value); e.g. 0 or 2"]
+    assert list(tmp_path.iterdir()) == []
