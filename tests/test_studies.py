@@ -1,37 +1,14 @@
 """The studies under experiments/, each run for real as a small sweep: the table and figure they
 write, and their arithmetic checked against the runs' own histories and telemetry."""
 
-import csv
 import math
 import subprocess
 import sys
 
 import pytest
 
-from conftest import run_cli
-
-
-def _sweep(tmp_path, *overrides):
-    from mlflow.tracking import MlflowClient
-
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli(*overrides, f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    client = MlflowClient(uri)
-    found = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
-    (parent,) = [r for r in found if r.data.tags.get("lsexp.sweep") == "true"]
-    children = [r for r in found if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
-    return client, parent, children
-
-
-def _table(tmp_path, client, parent, study):
-    (folder,) = tmp_path.glob("multirun/*/*/study")
-    assert {p.name for p in folder.iterdir()} == {f"{study}.csv", f"{study}.md", f"{study}.png"}
-    logged = {a.path for a in client.list_artifacts(parent.info.run_id, "study")}
-    assert logged == {f"study/{study}.csv", f"study/{study}.md", f"study/{study}.png"}
-    assert parent.data.tags["lsexp.study"] == study
-    with open(folder / f"{study}.csv") as f:
-        return list(csv.DictReader(f))
+from helpers.study_sweep import study_sweep as _sweep
+from helpers.study_sweep import study_table as _table
 
 
 @pytest.mark.slow  # a study sweep and its table are in the default suite (dynamic_window)

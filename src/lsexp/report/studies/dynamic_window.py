@@ -39,7 +39,7 @@ def bursts(steps: List[int]) -> List[Tuple[int, int]]:
     return out
 
 
-def _injected(run: StudyRun) -> List[int]:
+def injected_steps(run: StudyRun) -> List[int]:
     value = run.param("inject.overflow_steps", "[]")
     return [int(s) for s in value.strip("[]").split(",") if s.strip()]
 
@@ -62,7 +62,7 @@ def table(runs: List[StudyRun]):
     for run in runs:
         scale, overflow = run.history("loss_scale"), run.history("overflow")
         steps = sorted(scale)
-        injected = set(_injected(run))
+        injected = set(injected_steps(run))
         backoff = 0
         for s in steps:
             if not overflow.get(s):
@@ -117,7 +117,7 @@ def figure(plt, runs: List[StudyRun], rows):
                 linewidth=1.2,
                 label=f"scale_window {row['scale_window']}",
             )
-            for first, last in bursts(_injected(row["_run"])):
+            for first, last in bursts(injected_steps(row["_run"])):
                 ax.axvspan(first - 0.5, last + 0.5, color="tab:red", alpha=0.25)
         ax.set_ylabel(f"log2 scale\n{strategy}, factor {factor}", fontsize=8)
         ax.legend(fontsize=8, loc="upper right")

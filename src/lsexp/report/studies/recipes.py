@@ -45,7 +45,7 @@ def drift(run: StudyRun, reference: StudyRun) -> float:
     return float(last - s)
 
 
-def _spread(values: List[float]) -> str:
+def spread(values: List[float]) -> str:
     values = [v for v in values if not math.isnan(v)]
     if not values:
         return ""
@@ -88,14 +88,14 @@ def table(runs: List[StudyRun]):
             "on_skip": on_skip if strategy != "none" else
             ("hold = advance" if none_same.get(workload) else "hold (advance differs)"),
             "seeds": len(mine),
-            "skipped_updates": _spread([r.metrics.get("skipped_steps", math.nan) for r in mine]),
-            "schedule_drift_steps": _spread([
+            "skipped_updates": spread([r.metrics.get("skipped_steps", math.nan) for r in mine]),
+            "schedule_drift_steps": spread([
                 drift(r, reference[(workload, r.param("train.seed"))])
                 if (workload, r.param("train.seed")) in reference else math.nan for r in mine]),
-            "clipped_fraction": _spread([_mean(r.history("clipped").values()) for r in mine]),
-            "clipped_if_scaled_fraction": _spread([_scaled_clips(r, clip) for r in mine]),
-            "eval_loss": _spread([r.metrics.get("eval_loss", math.nan) for r in mine]),
-            "eval_accuracy": _spread([r.metrics.get("eval_accuracy", math.nan) for r in mine]),
+            "clipped_fraction": spread([_mean(r.history("clipped").values()) for r in mine]),
+            "clipped_if_scaled_fraction": spread([_scaled_clips(r, clip) for r in mine]),
+            "eval_loss": spread([r.metrics.get("eval_loss", math.nan) for r in mine]),
+            "eval_accuracy": spread([r.metrics.get("eval_accuracy", math.nan) for r in mine]),
             "_runs": mine,
         })
     return rows, COLUMNS
