@@ -128,7 +128,9 @@ def test_a_training_runs_scale_column_equals_mindformers(train_run, engine):
     assert summary["skipped_steps"] == len(steps)
 
 
-@pytest.mark.parametrize("engine", ["cell", pytest.param("functional", marks=pytest.mark.slow)])
+# both engines in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow),
+                                    pytest.param("functional", marks=pytest.mark.slow)])
 def test_a_resumed_run_has_the_straight_runs_history(train_run, engine):
     # the checkpoint falls where the window has moved and the counters are mid-way
     common = [f"engine={engine}", "amp=O2", "model=mlp", *_overrides(TRAIN)]

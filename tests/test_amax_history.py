@@ -87,7 +87,9 @@ def test_the_power_of_two_is_the_float32_exponent_near_powers_of_two():
     assert (got == np.frexp(near)[1] - 1).all()
 
 
-@pytest.mark.parametrize("engine", ["cell", pytest.param("functional", marks=pytest.mark.slow)])
+# both engines in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow),
+                                    pytest.param("functional", marks=pytest.mark.slow)])
 def test_a_resumed_run_has_the_straight_runs_history(train_run, engine):
     # the checkpoint falls while a ceiling is in force and the history is part full
     setting = dict(DEFAULTS, history_len=8)

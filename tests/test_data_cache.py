@@ -58,7 +58,9 @@ def _load(*overrides):
 
 
 # --- the same run either way ----------------------------------------------------------------------
-@pytest.mark.parametrize("data_args", ["mnist_resized", "mnist_28", "cifar10", "image_folder"], indirect=True)
+@pytest.mark.parametrize("data_args", ["mnist_resized", "mnist_28",
+                                       pytest.param("cifar10", marks=pytest.mark.slow), "image_folder"],
+                         indirect=True)
 def test_memory_and_stream_train_and_evaluate_the_same(train_run, data_args):
     # Overflows injected under a dynamic scale: the scale's back-offs and the skips are in the history too.
     common = [*data_args, "loss_scale=dynamic", "inject.overflow_steps=[2,5]", "train.max_steps=6"]

@@ -97,6 +97,7 @@ def o2_sweep(tmp_path_factory):
     return folder / "runs"
 
 
+@pytest.mark.slow  # its O2 sweep is ~50 s; the full golden sweep runs there too
 @pytest.mark.parametrize("name", names(("O2",)))
 def test_every_option_at_o2_matches_its_golden_files(o2_sweep, name):
     assert differences(o2_sweep, name, exact=False) == []

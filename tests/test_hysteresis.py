@@ -134,6 +134,7 @@ def _overrides(setting):
         f"loss_scale.{k}={'null' if v is None else str(v).lower()}" for k, v in setting.items()]
 
 
+@pytest.mark.slow  # the parity tests hold the rule step for step; the default suite stays under 10 minutes
 def test_scale_column_of_a_1000_step_run_equals_deepspeed(train_run):
     # amp=O0 computes in float32, so the injected overflows are the only ones: the flags are known.
     # engine=functional runs the same state machine (HysteresisLossScaler); test_engines holds it to this one.
@@ -160,7 +161,8 @@ def test_hysteresis_2_skips_both_overflows_and_backs_off_only_after_the_second(t
 
 
 # the cell engine's resume is in the default suite (test_resumed_run_continues_the_scale_history_exactly)
-@pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow), "functional"])
+@pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow),
+                                    pytest.param("functional", marks=pytest.mark.slow)])
 def test_resumed_hysteresis_run_has_the_straight_runs_history(train_run, engine):
     # An overflow before the checkpoint uses up one unit of hysteresis, so the one after it backs off
     # only if the resumed run kept the counters; growth every 7 steps needs the iteration counters too.

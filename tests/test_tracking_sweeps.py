@@ -71,6 +71,7 @@ def _overrides(job: Path):
     return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
 
 
+@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
 def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
     root, uri = basic_sweep
     client, _, found = runs(uri)
@@ -102,7 +103,7 @@ def test_loss_scale_axis_reads_in_powers_of_two(tmp_path):
     assert [power_of_two(v) for v in (2.0 ** 24, 128.0, 1.0, 0.25, 3.0)] == ["2²⁴", "2⁷", "2⁰", "2⁻²", "3"]
 
 
-@pytest.mark.slow  # 8 jobs, 4 at once; a 2-job joblib sweep to SQLite is in the default suite (test_device)
+@pytest.mark.slow  # 8 jobs, 4 at once; a 2-job joblib sweep to SQLite is in test_device
 def test_parallel_joblib_sweep_of_8_jobs_loses_nothing(tmp_path):
     uri = store(tmp_path)
     out = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=4",
@@ -136,6 +137,7 @@ def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
     assert {c.info.status for c in children} == {"FINISHED"} and len(children) == 3
 
 
+@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
 def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     uri = store(tmp_path)
     # A 3-class head on 10-class labels passes validation but fails inside MindSpore.
