@@ -66,7 +66,7 @@ def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, override
 
 
 @pytest.mark.parametrize("model", [
-    ["model=lenet5"],
+    pytest.param(["model=lenet5"], marks=pytest.mark.slow),  # ~20 s: the default suite stays under 10 min
     # BatchNorm's statistics too; ResNet-8 twice with the probe compiled is ~45 s here: -m slow
     pytest.param(["model=resnet", "model.depth=8"], marks=pytest.mark.slow),
 ])

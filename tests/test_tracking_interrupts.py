@@ -15,7 +15,9 @@ from helpers.processes import lsexp_processes_in, parent_pid
 from lsexp.training.history import read_history
 
 
-@pytest.mark.parametrize("how", ["SIGINT", pytest.param("SIGTERM", marks=pytest.mark.slow),
+# Ctrl-C in a terminal is in the default suite (below); these in CI's slow step
+@pytest.mark.parametrize("how", [pytest.param("SIGINT", marks=pytest.mark.slow),
+                                 pytest.param("SIGTERM", marks=pytest.mark.slow),
                                  # same path, more signals
                                  *(pytest.param(h, marks=pytest.mark.slow)
                                    for h in ("SIGTERM to the process group", "SIGTERM twice"))])

@@ -125,6 +125,7 @@ def test_unreachable_server_is_one_line_before_training(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
 def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the store's folder should be")

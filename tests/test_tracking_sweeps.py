@@ -25,6 +25,7 @@ def basic_sweep(tmp_path_factory):
     return root, store(root)
 
 
+@pytest.mark.slow  # its shared sweep is ~60 s; in CI's slow step: the default suite stays under 10 minutes
 def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
     root, uri = basic_sweep
     client, _, found = runs(uri)
