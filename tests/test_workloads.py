@@ -155,7 +155,8 @@ def test_a_run_resumed_mid_epoch_on_a_pipeline_has_the_straight_history(train_ru
 
 
 # --- your own model and data ----------------------------------------------------------------------
-@pytest.mark.parametrize("data", ["my_pkg.make_data", pytest.param("my_pkg.make_dataset", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("data", ["my_pkg.make_data",
+                                  pytest.param("my_pkg.make_dataset", marks=pytest.mark.slow)])
 def test_a_model_and_data_set_from_outside_lsexp_train_via_target(tmp_path, data):
     out = run_cli("model._target_=my_pkg.MyNet", "+model.depth=3", f"dataset._target_={data}", "amp=O2",
                   "loss_scale=dynamic", "inject.overflow_steps=[2]", "dataset.num_samples=96",
