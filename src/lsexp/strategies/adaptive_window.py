@@ -21,12 +21,12 @@ import logging
 from typing import List
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaler
 from mindspore.graph.api import jit_class
 
-from lsexp.strategies.manager import InStepLossScaleManager
+from lsexp.strategies.manager import InStepLossScaleManager, InStepUpdateCell
 
 # MindFormers fixes both in AdaptiveLossScaleUpdateCell.__init__.
 WINDOW_INTERVAL, WINDOW_FACTOR = 100, 2
@@ -125,18 +125,14 @@ class _AdaptiveWindowState:
         return ops.depend(new_scale, ops.assign(self.scale_window, window))
 
 
-class AdaptiveLossScaleUpdateCell(_AdaptiveWindowState, nn.Cell):
+class AdaptiveLossScaleUpdateCell(_AdaptiveWindowState, InStepUpdateCell):
     """MindFormers' update cell: called with (scale Parameter, overflow), like
     DynamicLossScaleUpdateCell, and returns the overflow."""
 
     def __init__(self, loss_scale_value, scale_factor, scale_window, max_scale_window=1000,
                  min_scale_window=20):
-        super().__init__()
-        self.loss_scale_value = loss_scale_value
-        self._init_state(scale_factor, scale_window, max_scale_window, min_scale_window)
-
-    def get_loss_scale(self):
-        return self.loss_scale_value
+        super().__init__(loss_scale_value, scale_factor=scale_factor, scale_window=scale_window,
+                         max_scale_window=max_scale_window, min_scale_window=min_scale_window)
 
     def construct(self, loss_scale, overflow):
         return ops.depend(overflow, ops.assign(loss_scale, self._next_scale(loss_scale, overflow)))

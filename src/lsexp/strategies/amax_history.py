@@ -25,13 +25,13 @@ tensor arithmetic and runs as an update cell (cell engine) and as a mindspore.am
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 from mindspore.amp import StaticLossScaler
 from mindspore.graph.api import jit_class
 
 from lsexp.strategies.amax_history_schema import STATE
-from lsexp.strategies.manager import InStepLossScaleManager
+from lsexp.strategies.manager import InStepLossScaleManager, InStepUpdateCell
 
 # the largest scaled gradient must stay below float16's largest finite value
 FP16_MAX = float(np.finfo(np.float16).max)
@@ -89,17 +89,9 @@ class _AmaxHistoryState:
         return ops.depend(new_scale, ops.assign(self.ceiling, ceiling))
 
 
-class AmaxHistoryUpdateCell(_AmaxHistoryState, nn.Cell):
+class AmaxHistoryUpdateCell(_AmaxHistoryState, InStepUpdateCell):
     """The update cell the cell engine's train step calls with (scale Parameter, overflow, amax): like
     DynamicLossScaleUpdateCell, plus the step's unscaled amax."""
-
-    def __init__(self, loss_scale_value, **options):
-        super().__init__()
-        self.loss_scale_value = loss_scale_value
-        self._init_state(**options)
-
-    def get_loss_scale(self):
-        return self.loss_scale_value
 
     def construct(self, loss_scale, overflow, amax):
         return ops.depend(overflow, ops.assign(loss_scale, self._next_scale(loss_scale, overflow, amax)))

@@ -29,12 +29,12 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, ops
 from mindspore import dtype as mstype
 from mindspore.amp import DynamicLossScaler
 from mindspore.graph.api import jit_class
 
-from lsexp.strategies.manager import InStepLossScaleManager
+from lsexp.strategies.manager import InStepLossScaleManager, InStepUpdateCell
 
 
 class _HysteresisState:
@@ -88,18 +88,9 @@ class _HysteresisState:
         return ops.depend(new_scale, ops.assign(self.cur_iter, self.cur_iter + 1))
 
 
-class HysteresisLossScaleUpdateCell(_HysteresisState, nn.Cell):
+class HysteresisLossScaleUpdateCell(_HysteresisState, InStepUpdateCell):
     """The update cell the train step calls with (scale Parameter, overflow), like
-    DynamicLossScaleUpdateCell."""
-
-    def __init__(self, loss_scale_value, **options):
-        """options: HysteresisLossScaleManager's, past init_loss_scale."""
-        super().__init__()
-        self.loss_scale_value = loss_scale_value
-        self._init_state(**options)
-
-    def get_loss_scale(self):
-        return self.loss_scale_value
+    DynamicLossScaleUpdateCell; options: HysteresisLossScaleManager's, past init_loss_scale."""
 
     def construct(self, loss_scale, overflow):
         return ops.depend(overflow, ops.assign(loss_scale, self._next_scale(loss_scale, overflow)))

@@ -5,7 +5,21 @@ same first scale and options. Overflowed updates are always dropped."""
 
 from __future__ import annotations
 
+from mindspore import nn
 from mindspore.amp import LossScaleManager
+
+
+class InStepUpdateCell(nn.Cell):
+    """The update cell of such a scaler: it holds the first scale, as DynamicLossScaleUpdateCell does,
+    and builds the scaler's state Parameters with the subclass's _init_state(**options)."""
+
+    def __init__(self, loss_scale_value, **options):
+        super().__init__()
+        self.loss_scale_value = loss_scale_value
+        self._init_state(**options)
+
+    def get_loss_scale(self):
+        return self.loss_scale_value
 
 
 class InStepLossScaleManager(LossScaleManager):
