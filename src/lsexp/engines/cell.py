@@ -76,7 +76,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         cond = self.get_overflow_status(status, grads)
         amax = []
         if self.measure_amax:  # the update cell predicts the scale from it (with clipping, still scaled)
-            amax = [self._amax(grads, scale_used if self.clip else self.one)]
+            amax = [self._amax(grads, scale_used if self.clip else None)]
             overflow = self.loss_scaling_manager(self.scale_sense, cond, amax[0])
         else:
             overflow = self.process_loss_scale(cond)

@@ -100,11 +100,13 @@ class StepRecorder:
         factor = self.clip_norm / ops.maximum(norm, self.clip_norm)
         return norm, factor / carried if take_off else factor
 
-    def _amax(self, grads, carried):
-        """The largest magnitude of gradients still scaled by `carried`, unscaled: over the concatenated
-        gradients, three kernels, where a maximum per tensor was three per tensor on a step bound by
-        kernel launches."""
+    def _amax(self, grads, carried=None):
+        """The largest magnitude of gradients still scaled by `carried` (None: unscaled already), unscaled:
+        over the concatenated gradients, three kernels, where a maximum per tensor was three per tensor on
+        a step bound by kernel launches."""
         amax = ops.abs(ops.concat(self.hyper_map(_flatten, grads))).max()
+        if carried is None:
+            return amax
         return amax / ops.cast(carried, mstype.float32).reshape(())
 
     def _times(self, factor, grads):

@@ -92,12 +92,19 @@ class _AdaptiveWindowState:
         self.last_overflow_iter = state(0, "last_overflow_iterator_step")
 
     def _next_scale(self, scale, overflow):
-        """Returns the next scale and assigns the window state, as MindFormers' construct does."""
+        """Returns the next scale and assigns the window state, as MindFormers' construct does. Most steps
+        neither overflow nor grow, and only count the step: the rest of the rule runs when one does."""
+        should_inc = self.scale_window <= self.cur_iter - self.last_overflow_iter
+        new_scale = scale
+        if ops.logical_or(overflow, should_inc):
+            new_scale = self._move(scale, overflow, should_inc)
+        return ops.depend(new_scale, ops.assign_add(self.cur_iter, self.step))
+
+    def _move(self, scale, overflow, should_inc):
+        """A step that overflowed or ends a clean window: the scale, and MindFormers' window rule."""
         window, index = self.scale_window, self.list_index
         up, down = self.window_up_count, self.window_down_count
         scale_on_overflow = ops.select(overflow, ops.maximum(scale * self.inverse, self.min_scale), scale)
-        should_inc = window <= self.cur_iter - self.last_overflow_iter
-        last = ops.select(ops.logical_or(overflow, should_inc), self.cur_iter, self.last_overflow_iter)
         grow = ops.logical_and(should_inc, ops.logical_not(overflow))
         new_scale = ops.select(grow, scale_on_overflow * self.factor, scale_on_overflow)
         # every third growth: the next longer window, unless this is the longest
@@ -116,9 +123,7 @@ class _AdaptiveWindowState:
         index = ops.select(drop, self.no_index, index)
         down = ops.select(drop, self.zero, down)
         up = ops.select(drop, self.zero, up)
-        next_iter = self.cur_iter + self.step
-        new_scale = ops.depend(new_scale, ops.assign(self.last_overflow_iter, last))
-        new_scale = ops.depend(new_scale, ops.assign(self.cur_iter, next_iter))
+        new_scale = ops.depend(new_scale, ops.assign(self.last_overflow_iter, self.cur_iter))
         new_scale = ops.depend(new_scale, ops.assign(self.window_up_count, up))
         new_scale = ops.depend(new_scale, ops.assign(self.window_down_count, down))
         new_scale = ops.depend(new_scale, ops.assign(self.list_index, index))

@@ -50,16 +50,16 @@ class _AmaxHistoryState:
         self.min_scale = Tensor(min_loss_scale, mstype.float32)
         self.max_scale = Tensor(max_loss_scale, mstype.float32)
         self.two = Tensor(2.0, mstype.float32)
-        self.one_step = Tensor(1, mstype.int32)
+        self.one_step, self.zero_steps = Tensor(1, mstype.int32), Tensor(0, mstype.int32)
 
         def state(value, dtype, name):
             return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
 
-        # oldest first, the most recent last; zeros count for nothing under max (amax >= 0)
+        # oldest first, the most recent last; zeros count for nothing under max (amax >= 0), and after
+        # the first clean step the most recent entry is a measurement
         self.history = state(np.zeros(history_len, np.float32), mstype.float32, STATE[0])
-        self.count = state(0, mstype.int32, STATE[1])  # entries so far, up to history_len
-        self.ceiling = state(max_loss_scale, mstype.float32, STATE[2])
-        self.calm = state(history_len, mstype.int32, STATE[3])  # clean steps since the last overflow
+        self.ceiling = state(max_loss_scale, mstype.float32, STATE[1])
+        self.calm = state(history_len, mstype.int32, STATE[2])  # clean steps since the last overflow
 
     def _power_of_two_below(self, ratio):
         """floor(log2(ratio)) exactly, as the float32 exponent (frexp) gives it: log2 rounds near powers of
@@ -69,22 +69,21 @@ class _AmaxHistoryState:
         return e + ops.cast(ops.exp2(e + 1) <= ratio, mstype.float32)
 
     def _next_scale(self, scale, overflow, amax):
-        """Returns the next scale and assigns the history, the ceiling and the counters."""
-        history = ops.select(overflow, self.history,
-                             ops.concat((self.history[1:], ops.cast(amax, mstype.float32).reshape((1,)))))
-        count = ops.select(overflow, self.count, ops.minimum(self.count + self.one_step, self.length))
-        calm = ops.select(overflow, ops.zeros_like(self.calm), self.calm + self.one_step)
+        """Returns the next scale and assigns the history, the ceiling and the count of clean steps.
+        Before the first clean step the scale stays as it was; from it on, a clean step predicts."""
+        if overflow:
+            # back off; the backed-off scale caps the prediction until history_len clean steps pass
+            new_scale = ops.maximum(scale / self.backoff, self.min_scale)
+            new_scale = ops.depend(new_scale, ops.assign(self.calm, self.zero_steps))
+            return ops.depend(new_scale, ops.assign(self.ceiling, new_scale))
+        history = ops.concat((self.history[1:], amax.reshape((1,))))
+        calm = self.calm + self.one_step
         agg = history[-1] if self.most_recent else history.max()
         exponent = self._power_of_two_below(self.fp16_max / agg)  # an amax of 0 gives inf: the cap
         predicted = ops.minimum(ops.maximum(ops.exp2(exponent - self.margin), self.min_scale), self.max_scale)
-        backed_off = ops.maximum(scale / self.backoff, self.min_scale)
-        # an overflow caps the prediction at the backed-off scale until history_len clean steps have passed
-        lifted = ops.select(calm >= self.length, self.max_scale, self.ceiling)
-        ceiling = ops.select(overflow, backed_off, lifted)
-        clean = ops.select(count > 0, ops.minimum(predicted, ceiling), scale)
-        new_scale = ops.select(overflow, backed_off, clean)
+        ceiling = ops.select(calm >= self.length, self.max_scale, self.ceiling)
+        new_scale = ops.minimum(predicted, ceiling)
         new_scale = ops.depend(new_scale, ops.assign(self.history, history))
-        new_scale = ops.depend(new_scale, ops.assign(self.count, count))
         new_scale = ops.depend(new_scale, ops.assign(self.calm, calm))
         return ops.depend(new_scale, ops.assign(self.ceiling, ceiling))
 

@@ -11,7 +11,7 @@ from lsexp.config.schema import LossScaleConfig
 from lsexp.strategies import Strategy, finite_positive, scale_ok
 
 ALGOS = ("max", "most_recent")  # TE's amax_compute_algo, as strings
-STATE = ("lsexp_amax_history", "lsexp_amax_count", "lsexp_amax_ceiling", "lsexp_amax_calm")
+STATE = ("lsexp_amax_history", "lsexp_amax_ceiling", "lsexp_amax_calm")
 
 
 @dataclass
