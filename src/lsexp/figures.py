@@ -101,12 +101,15 @@ class RunFigure:
         self._plt.close(self.fig)
 
 
-def write_table(stem: Path, rows: Sequence[Dict], columns: Sequence[str], cell=str) -> None:
-    """<stem>.csv with every value, and <stem>.md, a Markdown table of `columns` as cell() shows them."""
+def write_table(stem: Path, rows: Sequence[Dict], columns: Sequence[str], cell=str,
+                md_columns: Sequence[str] = ()) -> None:
+    """<stem>.csv with every value of `columns`, and <stem>.md, a Markdown table of `md_columns` (by
+    default the same) as cell() shows them."""
     with open(f"{stem}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |" for r in rows]
+    shown = list(md_columns or columns)
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(cell(r.get(c, "")) for c in shown) + " |" for r in rows]
     Path(f"{stem}.md").write_text("\n".join(lines) + "\n")

@@ -329,7 +329,10 @@ class ValidateOnRunStart(Callback):
         _single_run = found
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        problem = hydra_errors.every_job_composes(config) or launchers.problem(config)
+        from lsexp.sweep import baseline_problem
+
+        problem = (hydra_errors.every_job_composes(config) or launchers.problem(config)
+                   or baseline_problem(config))
         if problem:
             print(f"lsexp: config error: {problem}", file=sys.stderr)
             raise SystemExit(2)

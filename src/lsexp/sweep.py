@@ -15,11 +15,17 @@ from lsexp.config.overrides import overrides_dict
 from lsexp.report import studies
 from lsexp.report.sweep import labels, sweep_report
 from lsexp.tracking import worker as tracking_worker
-from lsexp.tracking.run import PARENT_FILE, SWEPT_FILE, start_dir
+from lsexp.tracking.run import PARENT_FILE, SEED_KEY, SWEPT_FILE, start_dir
 from lsexp.tracking.store import client_for, ensure_experiment, log_params, resolve_uri, with_retry
 from lsexp.tracking.uri import redact
 
 BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def swept_keys(config: DictConfig) -> Dict[str, str]:
+    """The keys the sweep varies, with their sweep values: a value list (a,b), a range or a choice. The
+    jobs name themselves by them, and every one but train.seed sets a job's group."""
+    return {k: v for k, v in sweep_params(config).items() if "," in v or re.match(r"^\w+\(", v)}
 
 
 def sweep_params(config: DictConfig) -> Dict[str, str]:
@@ -36,6 +42,7 @@ class SweepCallback(Callback):
     if the sweep dies, so no run is left RUNNING."""
 
     def __init__(self) -> None:
+        self.baseline: Optional[str] = None  # sweep.baseline
         self.client = None
         self.run_id: Optional[str] = None
         self.study: Optional[str] = None
@@ -66,15 +73,14 @@ class SweepCallback(Callback):
         )
         self.run_id = run.info.run_id
         self.study = config.get("study")
+        self.baseline = config.sweep.baseline
         if self.study:  # so that `lsexp report` redraws the study too
             with_retry(self.client.set_tag, self.run_id, "lsexp.study", self.study)
         log_params(self.client, self.run_id, {k: redact(v) for k, v in sweep_params(config).items()})
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / PARENT_FILE).write_text(self.run_id)
-        # A value list (a,b), a range or a choice is what the sweep varies; the jobs name themselves by it.
-        swept = [k for k, v in sweep_params(config).items() if "," in v or re.match(r"^\w+\(", v)]
-        (sweep_dir / SWEPT_FILE).write_text(" ".join(swept))
+        (sweep_dir / SWEPT_FILE).write_text(" ".join(swept_keys(config)))
         # Hydra skips on_multirun_end when a job raises or the sweep is interrupted.
         atexit.register(self._close, sweep_dir, True)
 
@@ -108,7 +114,7 @@ class SweepCallback(Callback):
         status = "KILLED" if interrupted else "FINISHED"
         try:
             out = sweep_dir / "comparison"
-            children = sweep_report(self.client, run_id, out)
+            children = sweep_report(self.client, run_id, out, self.baseline)
             for path in sorted(out.iterdir()):
                 with_retry(self.client.log_artifact, run_id, str(path))
             if self.study and children:
@@ -126,3 +132,21 @@ class SweepCallback(Callback):
                 raise
         finally:
             with_retry(self.client.set_terminated, run_id, status)
+
+
+def baseline_problem(config: DictConfig) -> Optional[str]:
+    """A baseline group the sweep cannot produce: its keys must be the swept keys but train.seed, in the
+    order typed, each with one of its swept values."""
+    baseline = OmegaConf.select(config, "sweep.baseline")
+    if baseline is None:
+        return None
+    swept = {k: v for k, v in swept_keys(config).items() if k != SEED_KEY}
+    if not swept:
+        return (f"sweep.baseline={baseline!r}: this sweep varies only the seed, so "
+                "it has one group and nothing to compare it with; drop the baseline")
+    given = overrides_dict([t for t in str(baseline).split() if "=" in t])
+    fix = " ".join(f"{k}={v.split(',')[0]}" for k, v in swept.items())
+    if list(given) != list(swept) or any("," in v and given[k] not in v.split(",") for k, v in swept.items()):
+        return (f"sweep.baseline={baseline!r} is not a group of this sweep; "
+                f"name one as its runs' lsexp.group tag does, e.g. '{fix}'")
+    return None

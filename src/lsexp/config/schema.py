@@ -197,6 +197,14 @@ class InjectConfig:
     rank: Optional[int] = None  # with parallel=data: the one rank whose gradients are poisoned (None: all)
 
 
+@dataclass
+class SweepConfig:
+    """What a multirun does beyond its jobs; a single run ignores it."""
+
+    # a group, as its runs' lsexp.group tag spells it ("loss_scale=dynamic amp=O2"), that every other
+    # group is compared with seed by seed (comparison_paired.*)
+    baseline: Optional[str] = None
+
 
 @dataclass
 class ParallelConfig:
@@ -233,6 +241,7 @@ class Config:
     train: TrainConfig = MISSING
     tracking: TrackingConfig = MISSING
     inject: InjectConfig = field(default_factory=InjectConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
     parallel: ParallelConfig = MISSING
     telemetry: TelemetryConfig = MISSING
     # A sweep's own table and figure, drawn by lsexp.report.studies.<study> when the sweep ends

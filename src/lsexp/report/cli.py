@@ -37,6 +37,11 @@ def main(argv: Sequence[str] = ()) -> int:
     parser.add_argument(
         "--out", default=None, help="folder for the figure and tables (default: reports/<run id>)"
     )
+    parser.add_argument(
+        "--baseline", default=None, metavar="GROUP",
+        help="a group, as its runs' lsexp.group tag names it (e.g. 'loss_scale=dynamic'), to compare "
+        "every other group with, seed by seed: comparison_paired.csv and .md",
+    )
     args = parser.parse_args(list(argv))
 
     from lsexp.tracking.store import TrackingError, check_reachable, client_for, resolve_uri
@@ -50,7 +55,7 @@ def main(argv: Sequence[str] = ()) -> int:
             args.sweep if re.fullmatch(r"[0-9a-f]{32}", args.sweep) else _latest_sweep(client, args.sweep)
         )
         out = Path(args.out or Path("reports") / run_id)
-        children = sweep_report(client, run_id, out)
+        children = sweep_report(client, run_id, out, args.baseline)
         study = client.get_run(run_id).data.tags.get("lsexp.study")
         if study and children:
             from lsexp.report import studies
@@ -67,6 +72,9 @@ def main(argv: Sequence[str] = ()) -> int:
         return 2
     print(f"{len(children)} runs of sweep {run_id} -> {out}/comparison.png, comparison.csv, comparison.md")
     print((out / "comparison.md").read_text(), end="")
+    if args.baseline is not None and (out / "comparison_paired.md").exists():
+        print(f"paired with {args.baseline!r}, seed by seed -> {out}/comparison_paired.csv, .md")
+        print((out / "comparison_paired.md").read_text(), end="")
     if study and children:
         print(f"study {study} -> {out}/{study}.png, {study}.csv, {study}.md")
         print((out / f"{study}.md").read_text(), end="")

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from lsexp.figures import axes, draw, pyplot, write_table
+from lsexp.report.groups import METRICS, TELEMETRY_METRICS, group_runs, grouped_rows, paired_rows
 
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
                  "final_loss_scale", "diverged", "collapsed")
@@ -33,24 +34,36 @@ def sweep_children(client, parent_run_id: str):
                               run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
 
 
-def sweep_report(client, parent_run_id: str, out: Path):
-    """Write comparison.png, comparison.csv and comparison.md for a sweep; returns its child runs."""
+def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] = None):
+    """Write comparison.png, comparison.csv and comparison.md for a sweep; returns its child runs.
+
+    Runs that differ only in train.seed (the same `lsexp.group` tag) are one group: the table then has
+    a row per group with each metric's mean, spread and interval (comparison_runs.* keeps the runs), the
+    figure a mean loss per group, and with a baseline group comparison_paired.* holds every group's
+    difference from it, seed by seed."""
     children = sweep_children(client, parent_run_id)
-    out.mkdir(parents=True, exist_ok=True)
     names = labels(children)
+    group_names = [c.data.tags.get("lsexp.group") or label for c, label in zip(children, names)]
+    seeds = [c.data.tags.get("lsexp.seed", "") for c in children]
+    grouped = len(set(group_names)) < len(children)
+    if baseline is not None and baseline not in group_names:
+        raise LookupError(f"baseline group {baseline!r} is not one of this sweep's groups: "
+                          + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
+    out.mkdir(parents=True, exist_ok=True)
     telemetry = any("underflow_fraction" in c.data.metrics for c in children)
     columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
     plt = pyplot()
     fig, ax_loss, ax_scale, *ax_under = axes(
         plt, f"sweep {client.get_run(parent_run_id).info.run_name}", telemetry
     )
-    rows = []
+    rows, curves, raw = [], [], []  # raw: the metrics unrounded, for the groups' statistics
     for child, label in zip(children, names):
         loss, scale, overflow = (
             _history(client, child.info.run_id, k) for k in ("loss", "loss_scale", "overflow")
         )
         steps = sorted(loss)
-        if steps:
+        curves.append((steps, loss, scale))
+        if steps and not grouped:
             draw(
                 ax_loss,
                 ax_scale,
@@ -72,24 +85,66 @@ def sweep_report(client, parent_run_id: str, out: Path):
                 "overflow_count": num(m.get("overflow_count")),
                 "final_loss": num(m.get("final_loss")),
                 "final_loss_scale": num(m.get("final_loss_scale")),
+                "eval_accuracy": num(m.get("eval_accuracy")),
                 "diverged": child.data.tags.get("lsexp.diverged", ""),
                 "collapsed": child.data.tags.get("lsexp.collapsed", ""),
             }
         )
+        raw.append({k: m.get(k) for k in METRICS})
         if telemetry:
             for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
                 series = _history(client, child.info.run_id, key)
-                rows[-1][f"mean_{key}"] = num(sum(series.values()) / len(series)) if series else ""
-                if key == "underflow_fraction" and series:
+                raw[-1][f"mean_{key}"] = sum(series.values()) / len(series) if series else None
+                rows[-1][f"mean_{key}"] = num(raw[-1][f"mean_{key}"]) if series else ""
+                if key == "underflow_fraction" and series and not grouped:
                     ax_under[0].plot(
                         sorted(series), [series[s] for s in sorted(series)], linewidth=1, label=label
                     )
+    groups = group_runs(raw, group_names, seeds)
+    if grouped:
+        _draw_groups(ax_loss, ax_scale, groups, group_names, curves)
     if children:
         ax_loss.legend(loc="best", fontsize=8)
     fig.savefig(out / "comparison.png", dpi=100)
     plt.close(fig)
-    write_table(out / "comparison", rows, columns)
+    metrics = METRICS + (TELEMETRY_METRICS if telemetry else ())
+    if grouped:
+        for row, name, seed in zip(rows, group_names, seeds):
+            row.update(group=name, seed=seed)
+        write_table(out / "comparison_runs", rows, ("run", "group", "seed") + columns[2:])
+        table = grouped_rows(groups, metrics)
+        write_table(out / "comparison", table, [k for k in table[0] if k not in metrics],
+                    md_columns=("group", "n", "seeds") + metrics)
+    else:
+        write_table(out / "comparison", rows, columns)
+    if baseline is not None:
+        table = paired_rows(groups, baseline, metrics)
+        if table:
+            write_table(out / "comparison_paired", table, [k for k in table[0] if k not in metrics],
+                        md_columns=("group", "baseline", "n_pairs", "seeds") + metrics)
     return children
+
+
+def _draw_groups(ax_loss, ax_scale, groups, group_names, curves) -> None:
+    """Each group's mean loss over its seeds with the min-max band around it, and every seed's scale
+    thin in the group's colour."""
+    import numpy as np
+
+    by_group = {g.name: [c for c, name in zip(curves, group_names) if name == g.name] for g in groups}
+    for group in groups:
+        mine = [c for c in by_group[group.name] if c[0]]
+        if not mine:
+            continue
+        steps = sorted(set.intersection(*(set(c[0]) for c in mine)))
+        losses = np.array([[c[1][s] for s in steps] for c in mine], dtype=float)
+        (line,) = ax_loss.plot(steps, np.nanmean(losses, axis=0), linewidth=1.2,
+                               label=f"{group.name} (mean of {len(mine)})")
+        ax_loss.fill_between(steps, np.nanmin(losses, axis=0), np.nanmax(losses, axis=0),
+                             color=line.get_color(), alpha=0.2, linewidth=0)
+        for seed_steps, _, scale in mine:
+            ax_scale.plot(seed_steps, [scale.get(s, float("nan")) for s in seed_steps], linewidth=0.6,
+                          color=line.get_color(), drawstyle="steps-post")
+    ax_loss.fill_between([], [], [], color="grey", alpha=0.2, label="band: min to max over seeds")
 
 
 def num(value):

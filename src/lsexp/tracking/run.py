@@ -28,6 +28,7 @@ from lsexp.tracking.uri import TrackingError, redact
 
 PARENT_FILE = ".lsexp_parent_run_id"  # in the sweep directory: the parent run the jobs' runs belong to
 SWEPT_FILE = ".lsexp_swept_keys"  # and the keys the sweep varies, which name its jobs' runs
+SEED_KEY = "train.seed"  # the one swept key that does not set a run's group
 
 
 def start_dir() -> str:
@@ -76,6 +77,7 @@ def run_tags(cfg: DictConfig, strategy: str) -> Dict[str, str]:
         "lsexp.model": model_name(cfg),
         "lsexp.dataset": dataset_name(cfg),
         "lsexp.mindspore_version": version("mindspore"),
+        "lsexp.seed": str(cfg.train.seed),
     }
 
 
@@ -106,6 +108,8 @@ class _WorkerTracker:
         if parent:
             tags["mlflow.parentRunId"] = parent
             tags["lsexp.overrides"] = redact(" ".join(HydraConfig.get().overrides.task))
+            # Seeds of one setting share a group, which the report and the UI's "Group by" aggregate.
+            tags["lsexp.group"] = sweep_group()
             # The UI's run column cuts long names: a sweep's children are named by what differs.
             name = cfg.tracking.run_name or _swept_choices() or name
         self._send(protocol.Open(uri=cfg.tracking.uri, start_dir=start_dir(), out_dir=str(out_dir),
@@ -188,3 +192,12 @@ def _swept_choices() -> str:
     mine = overrides_dict(HydraConfig.get().overrides.task)
     return " ".join(mine[key] if "." not in key else f"{key.rsplit('.', 1)[1]}={mine[key]}"
                     for key in swept if key in mine)
+
+
+def sweep_group() -> str:
+    """This job's swept choices without the seed, in the order typed (`loss_scale=dynamic amp=O2`): the
+    jobs that differ only in train.seed share it. A sweep of seeds alone is one group, `all`."""
+    path = Path(HydraConfig.get().sweep.dir) / SWEPT_FILE
+    swept = path.read_text().split() if path.exists() else []
+    mine = overrides_dict(HydraConfig.get().overrides.task)
+    return " ".join(f"{key}={mine[key]}" for key in swept if key in mine and key != SEED_KEY) or "all"
