@@ -1,39 +1,110 @@
-"""What the newer scalers cost per step against MindSpore's DynamicLossScaleManager (loss_scale=dynamic):
-each run in this one process, the three alternating, timed over epochs 2 to 10 of the default run
-(summary.json's epoch_seconds; the first epoch's compilation counts for none):
+"""What the newer scalers cost per step against MindSpore's DynamicLossScaleManager (loss_scale=dynamic).
 
-    python benchmarks/scalers.py [rounds] [override ...]
+    python benchmarks/scalers.py [rounds] [override ...]        (30 rounds by default)
 
-amax_history adds the amax of every gradient tensor after the reducer and the history's update to the
-compiled step; adaptive_window a few more scalar ops than DynamicLossScaleUpdateCell.
+The three train steps (dynamic, adaptive_window, amax_history) are built as lsexp builds them for the
+default run (or with the overrides), in one process, and compiled. Then, round after round, each
+runs BLOCK steps on the same batches, in an order that rotates every round, reading its loss every step
+as the training loop does, and counts the median step of its block. Interleaving the three this finely,
+and taking medians, lets the machine's slow spells, which on a shared 2-core machine move a whole run's
+time by a fifth, fall on all three alike or drop out. Prints each one's median milliseconds per step
+over the rounds, the ratio of the medians, and the mean of the per-round ratios. A step built first in its
+process runs some 5% faster than the same step built later (a control of dynamic against itself showed
+it), so this runs in three processes, each building the three in another order, and pools them.
+
+adaptive_window replaces DynamicLossScaleUpdateCell by MindFormers' rule as table lookups; amax_history
+adds the amax of the concatenated gradients after the reducer, which is also its overflow check (in place
+of amp.all_finite), and its history's update.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import statistics
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+from typing import Dict, List
 
-from handwritten_loop import lsexp_loop
 from ratios import report
 
-VARIANTS = {
-    "dynamic": ["loss_scale=dynamic"],
-    "adaptive_window": ["loss_scale=adaptive_window"],
-    "amax_history": ["loss_scale=amax_history"],
-}
+VARIANTS = ("dynamic", "adaptive_window", "amax_history")
+BLOCK = 16  # steps per variant per round
+
+
+def _steps(tmp: Path, stack: contextlib.ExitStack, order, common):
+    """Each variant's compiled train step, built in `order`, and the batches they all take."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lsexp import preflight
+    from lsexp.config import paths
+    from lsexp.config.registry import register_configs
+    from lsexp.runtime import device
+    from lsexp.runtime.decided import decide
+    from lsexp.training.build import build, load_data
+
+    register_configs()
+    cells, target, batches = {}, None, None
+    for name in order:
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
+            cfg = compose("config", overrides=["tracking=none", "train.progress=false", *common,
+                                               f"loss_scale={name}"])
+        checked = preflight.check(cfg)
+        decided = stack.enter_context(decide(cfg, checked.strategy.optimizer_loss_scale, 1))
+        if target is None:  # the device once per process, as a run configures it
+            target = device.configure(cfg.device, cfg.train.mode, decided.threads_num,
+                                      decided.onednn_max_cpu_isa)
+            data = load_data(cfg)
+            batches = list(data.batches(cfg.dataset, 0, 0))
+        out = tmp / name
+        out.mkdir()
+        _, cell = build(cfg, checked.strategy, decided, target, out, last_step=10**6)
+        for x, y in batches[:2]:  # compile
+            cell(x, y).asnumpy()
+        cells[name] = cell
+    return cells, batches
+
+
+def one_order(first: int, rounds: int, *common: str) -> Dict[str, List[float]]:
+    """This process's block medians per variant, the steps built starting with VARIANTS[first]."""
+    order = VARIANTS[first:] + VARIANTS[:first]
+    times = {name: [] for name in VARIANTS}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        cells, batches = _steps(Path(tmp), stack, order, common)
+        for r in range(rounds):
+            for name in order[r % 3:] + order[:r % 3]:
+                cell, block = cells[name], []
+                for i in range(BLOCK):
+                    x, y = batches[(r * BLOCK + i) % len(batches)]
+                    started = time.perf_counter()
+                    cell(x, y).asnumpy()  # the loop's one host sync a step
+                    block.append(1000 * (time.perf_counter() - started))
+                times[name].append(statistics.median(block))
+    return times
 
 
 def main(rounds: int, *common: str) -> None:
     times = {name: [] for name in VARIANTS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(rounds):
-            for name, overrides in VARIANTS.items():
-                times[name].append(lsexp_loop(Path(tmp), i, *common, *overrides))
-    note = f"{' '.join(common) or 'the default run'}, one process, alternating"
+    for first in range(len(VARIANTS)):
+        out = subprocess.run([sys.executable, __file__, "--order", str(first), str(rounds), *common],
+                             capture_output=True, text=True, cwd=Path(__file__).parent)
+        if out.returncode:
+            raise SystemExit(out.stderr)
+        for name, values in json.loads(out.stdout.strip().splitlines()[-1]).items():
+            times[name] += values
+    note = (f"{' '.join(common) or 'the default run'}; {BLOCK}-step blocks interleaved over {rounds} "
+            f"rounds in each of {len(VARIANTS)} processes, one per build order")
     for name in ("adaptive_window", "amax_history"):
         report({name: times[name], "dynamic": times["dynamic"]}, f"{name} / dynamic", note)
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 5, *sys.argv[2:])
+    if sys.argv[1:2] == ["--order"]:
+        print(json.dumps(one_order(int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:])))
+    else:
+        main(int(sys.argv[1]) if len(sys.argv) > 1 else 30, *sys.argv[2:])

@@ -74,17 +74,25 @@ def test_the_scale_is_predicted_from_the_amax_history_step_for_step(train_run, e
 
 
 def test_the_power_of_two_is_the_float32_exponent_near_powers_of_two():
-    from mindspore import Tensor
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
 
     from lsexp.strategies.amax_history import AmaxHistoryLossScaleManager
 
-    cell = AmaxHistoryLossScaleManager().get_update_cell()
+    # one entry, no clipping in range: each clean step's scale is 2^floor(log2(65504 / amax)) alone
+    cell = AmaxHistoryLossScaleManager(history_len=1, min_loss_scale=2.0**-30,
+                                       max_loss_scale=2.0**60).get_update_cell()
+    scale = Parameter(Tensor(1.0, ms.float32), name="scale")
     powers = np.float32(2.0) ** np.arange(-20, 40, dtype=np.float32)
-    near = np.concatenate([powers, np.nextafter(powers, np.float32(0)),
-                           np.nextafter(powers, np.float32(np.inf)),
-                           np.random.default_rng(0).uniform(1e-3, 1e9, 500).astype(np.float32)])
-    got = cell._power_of_two_below(Tensor(near)).asnumpy()
-    assert (got == np.frexp(near)[1] - 1).all()
+    ratios = np.concatenate([powers, np.nextafter(powers, np.float32(0)),
+                             np.nextafter(powers, np.float32(np.inf)),
+                             np.random.default_rng(0).uniform(1e-3, 1e9, 200).astype(np.float32)])
+    fp16_max = np.float32(np.finfo(np.float16).max)
+    amaxes = fp16_max / ratios
+    for amax in amaxes:
+        cell(scale, Tensor(False), Tensor(amax))
+        ratio = fp16_max / amax  # what the step divides, in float32
+        assert float(scale.asnumpy()) == np.ldexp(1.0, np.frexp(ratio)[1] - 1), (amax, ratio)
 
 
 # both engines in CI's slow step: the default suite stays under 10 minutes

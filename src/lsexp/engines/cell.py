@@ -73,12 +73,15 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
-        cond = self.get_overflow_status(status, grads)
         amax = []
         if self.measure_amax:  # the update cell predicts the scale from it (with clipping, still scaled)
-            amax = [self._amax(grads, scale_used if self.clip else None)]
-            overflow = self.loss_scaling_manager(self.scale_sense, cond, amax[0])
+            measured, finite = self._amax_and_finite(grads, scale_used if self.clip else None)
+            # on CPU the amax's pass is the overflow check; a device's own status register stays
+            cond = self.get_overflow_status(status, grads) if self.native_check else ops.logical_not(finite)
+            overflow = self.loss_scaling_manager(self.scale_sense, cond, measured)
+            amax = [measured]
         else:
+            cond = self.get_overflow_status(status, grads)
             overflow = self.process_loss_scale(cond)
         clip = []
         if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped

@@ -88,8 +88,12 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         telemetry = self._grad_telemetry(grads, scale) if self.telemetry else []
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
-        finite = all_finite(grads)
-        amax = [self._amax(grads, scale)] if self.measure_amax else []  # the scaler predicts from it
+        amax = []
+        if self.measure_amax:  # the scaler predicts from it; its pass is the overflow check too
+            measured, finite = self._amax_and_finite(grads, scale)
+            amax = [measured]
+        else:
+            finite = all_finite(grads)
         clip = []
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped

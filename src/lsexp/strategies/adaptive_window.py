@@ -65,69 +65,81 @@ def _int(value):
     return Tensor(value, mstype.int32)
 
 
+# A step is one of three events for the window rule: neither, a growth (a clean window ended without an
+# overflow), or an overflow.
+NOTHING, GROWTH, OVERFLOW = 0, 1, 2
+
+
+def _code(index: int, up: int, down: int) -> int:
+    """(list_index, up count, down count) as one number: index -1 (window 1) to the last, counts 0 to 3."""
+    return ((index + 1) * COUNT_MODULUS + up) * COUNT_MODULUS + down
+
+
+def transitions(windows: List[int]):
+    """MindFormers' window rule as tables, built by running its statements (construct's, in its order)
+    for every state and event: next_code[code * 3 + event] and window_of[code]. The window is a function
+    of list_index alone (1 at index -1), so (index, up, down) is the whole state besides the steps."""
+    last = len(windows) - 1
+    codes = (last + 2) * COUNT_MODULUS * COUNT_MODULUS
+    next_code, window_of = np.zeros(codes * 3, np.int32), np.zeros(codes, np.int32)
+    for index in range(-1, last + 1):
+        for up in range(COUNT_MODULUS):
+            for down in range(COUNT_MODULUS):
+                code = _code(index, up, down)
+                window_of[code] = 1 if index == -1 else windows[index]
+                for event in (NOTHING, GROWTH, OVERFLOW):
+                    i, u, d = index, up, down
+                    if event == GROWTH:
+                        u, d = (u + 1) % COUNT_MODULUS, 0
+                    if u == MOVES and i != last:
+                        i, u = i + 1, 0
+                    if event == OVERFLOW:
+                        d = (d + 1) % COUNT_MODULUS
+                    if event == OVERFLOW and d == MOVES and i not in (-1, 0):
+                        i, d, u = -1, 0, 0
+                    next_code[code * 3 + event] = _code(i, u, d)
+    return next_code, window_of
+
+
 class _AdaptiveWindowState:
-    """The scaler's state as Parameters, named as MindFormers names them (so checkpoints carry it), and
-    MindFormers' rule over them."""
+    """The scaler's state as Parameters (so checkpoints carry it): MindFormers' scale_window,
+    current_iterator_step and last_overflow_iterator_step by their names, and its list_index and
+    up/down counts as one code, which the rule's tables move. On a step bound by kernel launches, a
+    table lookup is one kernel where the rule's comparisons and selects were some thirty."""
 
     def _init_state(self, scale_factor, scale_window, max_scale_window, min_scale_window):
         windows = window_list(max_scale_window, min_scale_window)
         index = start_index(windows, scale_window)
-        self.windows = Tensor(np.array(windows), mstype.int32)
-        self.last_index = _int(len(windows) - 1)
-        self.factor = Tensor(scale_factor, mstype.float32)
-        # MindFormers multiplies by P.Reciprocal(scale_factor) on overflow, not a division
-        self.inverse = Tensor(np.float32(1) / np.float32(scale_factor), mstype.float32)
-        self.min_scale = Tensor(1.0, mstype.float32)
-        self.zero, self.step, self.no_index = _int(0), _int(1), _int(-1)
-        self.modulus, self.moves = _int(COUNT_MODULUS), _int(MOVES)
+        next_code, window_of = transitions(windows)
+        self.next_code, self.window_of = Tensor(next_code), Tensor(window_of)
+        # the scale's multiplier and floor by event; MindFormers multiplies by P.Reciprocal(scale_factor)
+        # on overflow, not a division, and never goes below 1 there
+        inverse = np.float32(1) / np.float32(scale_factor)
+        self.multiplier = Tensor(np.array([1, scale_factor, inverse], np.float32))
+        self.floor = Tensor(np.array([0, 0, 1], np.float32))
+        self.events, self.overflow_event, self.step = _int(3), _int(OVERFLOW), _int(1)
 
         def state(value, name):
             return Parameter(_int(value), name=name, requires_grad=False)
 
         self.scale_window = state(windows[index], "scale_window")
-        self.list_index = state(index, "list_index")
-        self.window_up_count = state(0, "scale_window_up_count")
-        self.window_down_count = state(0, "scale_window_down_count")
+        self.window_code = state(_code(index, 0, 0), "window_code")
         self.cur_iter = state(1, "current_iterator_step")
         self.last_overflow_iter = state(0, "last_overflow_iterator_step")
 
     def _next_scale(self, scale, overflow):
-        """Returns the next scale and assigns the window state, as MindFormers' construct does. Most steps
-        neither overflow nor grow, and only count the step: the rest of the rule runs when one does."""
+        """Returns the next scale and assigns the window state, as MindFormers' construct does."""
         should_inc = self.scale_window <= self.cur_iter - self.last_overflow_iter
-        new_scale = scale
-        if ops.logical_or(overflow, should_inc):
-            new_scale = self._move(scale, overflow, should_inc)
-        return ops.depend(new_scale, ops.assign_add(self.cur_iter, self.step))
-
-    def _move(self, scale, overflow, should_inc):
-        """A step that overflowed or ends a clean window: the scale, and MindFormers' window rule."""
-        window, index = self.scale_window, self.list_index
-        up, down = self.window_up_count, self.window_down_count
-        scale_on_overflow = ops.select(overflow, ops.maximum(scale * self.inverse, self.min_scale), scale)
-        grow = ops.logical_and(should_inc, ops.logical_not(overflow))
-        new_scale = ops.select(grow, scale_on_overflow * self.factor, scale_on_overflow)
-        # every third growth: the next longer window, unless this is the longest
-        up = ops.select(grow, ops.floor_mod(up + self.step, self.modulus), up)
-        down = ops.select(grow, self.zero, down)
-        longer = ops.logical_and(up == self.moves, index != self.last_index)
-        index = ops.select(longer, index + self.step, index)
-        up = ops.select(longer, self.zero, up)
-        place = ops.select(index == self.no_index, self.zero, index)  # from window 1: the shortest
-        window = ops.select(longer, self.windows[place], window)
-        # a third overflow with no growth between: window 1, unless at the shortest already
-        down = ops.select(overflow, ops.floor_mod(down + self.step, self.modulus), down)
-        drop = ops.logical_and(ops.logical_and(overflow, down == self.moves),
-                               ops.logical_and(index != self.no_index, index != self.zero))
-        window = ops.select(drop, self.step, window)
-        index = ops.select(drop, self.no_index, index)
-        down = ops.select(drop, self.zero, down)
-        up = ops.select(drop, self.zero, up)
-        new_scale = ops.depend(new_scale, ops.assign(self.last_overflow_iter, self.cur_iter))
-        new_scale = ops.depend(new_scale, ops.assign(self.window_up_count, up))
-        new_scale = ops.depend(new_scale, ops.assign(self.window_down_count, down))
-        new_scale = ops.depend(new_scale, ops.assign(self.list_index, index))
-        return ops.depend(new_scale, ops.assign(self.scale_window, window))
+        event = ops.select(overflow, self.overflow_event, ops.cast(should_inc, mstype.int32))
+        last = ops.select(event > 0, self.cur_iter, self.last_overflow_iter)
+        # ops.gather, one kernel each, where indexing with a tensor adds a bounds and a sign check
+        code = ops.gather(self.next_code, self.window_code * self.events + event, 0)
+        new_scale = ops.maximum(scale * ops.gather(self.multiplier, event, 0),
+                                ops.gather(self.floor, event, 0))
+        new_scale = ops.depend(new_scale, ops.assign(self.last_overflow_iter, last))
+        new_scale = ops.depend(new_scale, ops.assign_add(self.cur_iter, self.step))
+        new_scale = ops.depend(new_scale, ops.assign(self.window_code, code))
+        return ops.depend(new_scale, ops.assign(self.scale_window, ops.gather(self.window_of, code, 0)))
 
 
 class AdaptiveLossScaleUpdateCell(_AdaptiveWindowState, InStepUpdateCell):

@@ -20,8 +20,7 @@ class AdaptiveLossScaleConfig(LossScaleConfig):
     min_scale_window: int = 20
 
 
-STATE = ("scale_window", "list_index", "scale_window_up_count", "scale_window_down_count",
-         "current_iterator_step", "last_overflow_iterator_step")
+STATE = ("scale_window", "window_code", "current_iterator_step", "last_overflow_iterator_step")
 
 
 class AdaptiveWindow(Strategy):

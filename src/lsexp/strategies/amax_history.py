@@ -45,12 +45,17 @@ class _AmaxHistoryState:
         self.most_recent = amax_compute_algo == "most_recent"  # a Python constant: one rule per graph
         self.length = Tensor(history_len, mstype.int32)
         self.fp16_max = Tensor(FP16_MAX, mstype.float32)
-        self.margin = Tensor(margin, mstype.float32)
+        # float32's normal powers of two, and each times 2^-margin: the prediction is the largest power
+        # of two at or below FP16_MAX / amax (floor(log2(.)) exactly, as frexp's exponent gives it),
+        # found by comparing with every power, which is exact where a float log2 rounds near them
+        exponents = np.arange(-126, 128)
+        self.powers = Tensor(np.ldexp(np.float32(1), exponents).astype(np.float32))
+        self.predictions = Tensor(np.ldexp(np.float32(1), exponents - int(margin)).astype(np.float32))
+        self.nothing = Tensor(0.0, mstype.float32)
         self.backoff = Tensor(backoff_factor, mstype.float32)
         self.min_scale = Tensor(min_loss_scale, mstype.float32)
         self.max_scale = Tensor(max_loss_scale, mstype.float32)
-        self.two = Tensor(2.0, mstype.float32)
-        self.one_step, self.zero_steps = Tensor(1, mstype.int32), Tensor(0, mstype.int32)
+        self.one_step, self.no_steps = Tensor(1, mstype.int32), Tensor(0, mstype.int32)
 
         def state(value, dtype, name):
             return Parameter(Tensor(value, dtype), name=name, requires_grad=False)
@@ -61,28 +66,22 @@ class _AmaxHistoryState:
         self.ceiling = state(max_loss_scale, mstype.float32, STATE[1])
         self.calm = state(history_len, mstype.int32, STATE[2])  # clean steps since the last overflow
 
-    def _power_of_two_below(self, ratio):
-        """floor(log2(ratio)) exactly, as the float32 exponent (frexp) gives it: log2 rounds near powers of
-        two, so its floor is corrected against exp2 of itself, which is exact for integers."""
-        e = ops.floor(ops.log2(ratio))
-        e = e - ops.cast(ops.exp2(e) > ratio, mstype.float32)
-        return e + ops.cast(ops.exp2(e + 1) <= ratio, mstype.float32)
-
     def _next_scale(self, scale, overflow, amax):
         """Returns the next scale and assigns the history, the ceiling and the count of clean steps.
-        Before the first clean step the scale stays as it was; from it on, a clean step predicts."""
-        if overflow:
-            # back off; the backed-off scale caps the prediction until history_len clean steps pass
-            new_scale = ops.maximum(scale / self.backoff, self.min_scale)
-            new_scale = ops.depend(new_scale, ops.assign(self.calm, self.zero_steps))
-            return ops.depend(new_scale, ops.assign(self.ceiling, new_scale))
-        history = ops.concat((self.history[1:], amax.reshape((1,))))
-        calm = self.calm + self.one_step
+        Before the first clean step the scale stays as it was (only an overflow moves it); from it on, a
+        clean step predicts."""
+        history = ops.select(overflow, self.history, ops.concat((self.history[1:], amax.reshape((1,)))))
+        calm = ops.select(overflow, self.no_steps, self.calm + self.one_step)
         agg = history[-1] if self.most_recent else history.max()
-        exponent = self._power_of_two_below(self.fp16_max / agg)  # an amax of 0 gives inf: the cap
-        predicted = ops.minimum(ops.maximum(ops.exp2(exponent - self.margin), self.min_scale), self.max_scale)
-        ceiling = ops.select(calm >= self.length, self.max_scale, self.ceiling)
-        new_scale = ops.minimum(predicted, ceiling)
+        # an amax of 0 gives inf, and the largest power: the cap
+        ratio = self.fp16_max / agg
+        predicted = ops.select(self.powers <= ratio, self.predictions, self.nothing).max()
+        predicted = ops.minimum(ops.maximum(predicted, self.min_scale), self.max_scale)
+        backed_off = ops.maximum(scale / self.backoff, self.min_scale)
+        # an overflow caps the prediction at the backed-off scale until history_len clean steps have passed
+        ceiling = ops.select(overflow, backed_off,
+                             ops.select(calm >= self.length, self.max_scale, self.ceiling))
+        new_scale = ops.select(overflow, backed_off, ops.minimum(predicted, ceiling))
         new_scale = ops.depend(new_scale, ops.assign(self.history, history))
         new_scale = ops.depend(new_scale, ops.assign(self.calm, calm))
         return ops.depend(new_scale, ops.assign(self.ceiling, ceiling))
