@@ -76,10 +76,13 @@ def _parallel_jobs() -> int:
 def _track_and_train(cfg: DictConfig, checked, decided, out_dir: Path) -> dict:
     from lsexp.runtime import device
     from lsexp.scaleout import msrun
-    from lsexp.tracking.run import tracker
+    from lsexp.tracking.run import resumed_job, tracker
     from lsexp.training.history import History
     from lsexp.training.loop import train
 
+    done = resumed_job(cfg, decided, out_dir)
+    if done is not None:
+        return done
     strategy = checked.strategy
     with tracker(cfg, out_dir, strategy.name, decided) as run:
         if msrun.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
@@ -145,6 +148,10 @@ def train_here(cfg: DictConfig, out_dir: Path, history=None) -> dict:
 
 
 def _report(summary: dict, out_dir: Path) -> None:
+    if summary.get("resumed_from_store"):
+        log.info("%s: finished in run %s with the same config (sweep.resume); not trained again",
+                 summary["run_name"], summary["run_id"])
+        return
     if summary["diverged"]:
         state = f"DIVERGED at step {summary['diverged_at_step']}"
     elif summary.get("collapsed"):

@@ -329,7 +329,7 @@ class ValidateOnRunStart(Callback):
         _single_run = found
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        from lsexp.sweep import baseline_problem
+        from lsexp.sweep import baseline_problem, resume_problem
 
         problem = (hydra_errors.every_job_composes(config) or launchers.problem(config)
                    or baseline_problem(config))
@@ -337,6 +337,10 @@ class ValidateOnRunStart(Callback):
             print(f"lsexp: config error: {problem}", file=sys.stderr)
             raise SystemExit(2)
         _exit_on_unreachable_tracking(config)
+        problem = resume_problem(config)
+        if problem:
+            print(f"lsexp: config error: {problem}", file=sys.stderr)
+            raise SystemExit(2)
         _exit_unless_creatable("hydra.sweep.dir", config.hydra.sweep.dir)
         _calibrate_before_the_jobs(config)
 

@@ -45,6 +45,8 @@ class SweepCallback(Callback):
         self.baseline: Optional[str] = None  # sweep.baseline
         self.client = None
         self.run_id: Optional[str] = None
+        # a resumed sweep's parent as it was: (status, end time, how many runs it held)
+        self.before: Optional[tuple] = None
         self.study: Optional[str] = None
         self.uri = ""
 
@@ -63,26 +65,42 @@ class SweepCallback(Callback):
         # Created here, once, before any job: parallel jobs then find the schema and the
         # experiment in place instead of racing to migrate or create them.
         self.client = client_for(self.uri)
+        sweep_dir = Path(config.hydra.sweep.dir)
+        self.study = config.get("study")
+        self.baseline = config.sweep.baseline
+        if config.sweep.resume:  # the same parent again; preflight has checked that the folder names one
+            self.run_id = (sweep_dir / PARENT_FILE).read_text().strip()
+            parent = self.client.get_run(self.run_id)
+            self.before = (parent.info.status, parent.info.end_time, self._runs_under(self.run_id))
+            with_retry(self.client.update_run, self.run_id, status="RUNNING")
+        else:
+            self.run_id = self._open_parent(config, sweep_dir)
+        (sweep_dir / SWEPT_FILE).write_text(" ".join(swept_keys(config)))
+        # Hydra skips on_multirun_end when a job raises or the sweep is interrupted.
+        atexit.register(self._close, sweep_dir, True)
+
+    def _open_parent(self, config: DictConfig, sweep_dir: Path) -> str:
         experiment_id = ensure_experiment(self.client, config.tracking.experiment_name, self.uri)
-        name = config.tracking.run_name or f"sweep-{Path(config.hydra.sweep.dir).name}"
+        name = config.tracking.run_name or f"sweep-{sweep_dir.name}"
         run = with_retry(
             self.client.create_run,
             experiment_id,
             run_name=name,
-            tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(Path(config.hydra.sweep.dir).resolve())},
+            tags={"lsexp.sweep": "true", "lsexp.sweep_dir": str(sweep_dir.resolve())},
         )
-        self.run_id = run.info.run_id
-        self.study = config.get("study")
-        self.baseline = config.sweep.baseline
         if self.study:  # so that `lsexp report` redraws the study too
-            with_retry(self.client.set_tag, self.run_id, "lsexp.study", self.study)
-        log_params(self.client, self.run_id, {k: redact(v) for k, v in sweep_params(config).items()})
-        sweep_dir = Path(config.hydra.sweep.dir)
+            with_retry(self.client.set_tag, run.info.run_id, "lsexp.study", self.study)
+        log_params(self.client, run.info.run_id, {k: redact(v) for k, v in sweep_params(config).items()})
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / PARENT_FILE).write_text(self.run_id)
-        (sweep_dir / SWEPT_FILE).write_text(" ".join(swept_keys(config)))
-        # Hydra skips on_multirun_end when a job raises or the sweep is interrupted.
-        atexit.register(self._close, sweep_dir, True)
+        (sweep_dir / PARENT_FILE).write_text(run.info.run_id)
+        return run.info.run_id
+
+    def _runs_under(self, run_id: str) -> int:
+        from mlflow.entities import ViewType
+
+        parent = self.client.get_run(run_id)
+        return len(self.client.search_runs([parent.info.experiment_id],
+                                           f"tags.mlflow.parentRunId = '{run_id}'", ViewType.ALL))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._close(Path(config.hydra.sweep.dir), interrupted=False)
@@ -111,6 +129,10 @@ class SweepCallback(Callback):
         if self.run_id is None:
             return
         run_id, self.run_id = self.run_id, None
+        if interrupted and self.before and self._runs_under(run_id) == self.before[2]:
+            # a resume stopped before any job opened a run (a refused job, Ctrl-C): the parent as it was
+            with_retry(self.client.set_terminated, run_id, self.before[0], self.before[1])
+            return
         status = "KILLED" if interrupted else "FINISHED"
         try:
             out = sweep_dir / "comparison"
@@ -149,4 +171,33 @@ def baseline_problem(config: DictConfig) -> Optional[str]:
     if list(given) != list(swept) or any("," in v and given[k] not in v.split(",") for k, v in swept.items()):
         return (f"sweep.baseline={baseline!r} is not a group of this sweep; "
                 f"name one as its runs' lsexp.group tag does, e.g. '{fix}'")
+    return None
+
+
+def resume_problem(config: DictConfig) -> Optional[str]:
+    """sweep.resume without a sweep to resume: no store, a search sweeper's in-memory study, or a
+    hydra.sweep.dir that holds no lsexp sweep of this store."""
+    if not config.sweep.resume:
+        return None
+    if config.tracking.backend != "mlflow":
+        return (f"sweep.resume=true with tracking.backend={config.tracking.backend}: a resumed sweep finds "
+                "its finished jobs in the MLflow store; use tracking=mlflow")
+    sweeper = str(OmegaConf.select(config, "hydra.sweeper._target_") or "")
+    if "optuna" in sweeper.lower():
+        return ("sweep.resume=true with hydra/sweeper=optuna: Optuna's study lives in the sweep's memory "
+                "and ended with it, so it cannot resume; run the search again without sweep.resume")
+    parent_file = Path(config.hydra.sweep.dir) / PARENT_FILE
+    if not parent_file.is_file():
+        return (f"sweep.resume=true: hydra.sweep.dir={config.hydra.sweep.dir} holds no lsexp sweep (no "
+                f"{PARENT_FILE}); pass the old sweep's folder, e.g. hydra.sweep.dir=multirun/<day>/<time>")
+    client = client_for(resolve_uri(config.tracking.uri, start_dir()))
+    run_id = parent_file.read_text().strip()
+    try:
+        parent = client.get_run(run_id)
+    except Exception:  # MLflow's RESOURCE_DOES_NOT_EXIST
+        parent = None
+    if parent is None or parent.data.tags.get("lsexp.sweep") != "true":
+        return (f"sweep.resume=true: the sweep in hydra.sweep.dir={config.hydra.sweep.dir} (parent run "
+                f"{run_id}) is not in tracking.uri={redact(resolve_uri(config.tracking.uri, start_dir()))}; "
+                "resume with the store it was tracked in")
     return None

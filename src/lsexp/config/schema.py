@@ -204,6 +204,9 @@ class SweepConfig:
     # a group, as its runs' lsexp.group tag spells it ("loss_scale=dynamic amp=O2"), that every other
     # group is compared with seed by seed (comparison_paired.*)
     baseline: Optional[str] = None
+    # Run again with the old hydra.sweep.dir: jobs whose run finished with the same config are not
+    # trained again; the rest run under the same parent (lsexp.tracking.resume).
+    resume: bool = False
 
 
 @dataclass

@@ -30,8 +30,12 @@ def sweep_children(client, parent_run_id: str):
     from mlflow.entities import ViewType
 
     parent = client.get_run(parent_run_id)
-    return client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                              run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
+    found = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
+                               run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
+    # a run that a resumed sweep ran again stays in the store, but its rerun speaks for the job
+    kept = [r for r in found if r.data.tags.get("lsexp.superseded") != "true"]
+    # in job order: a resumed sweep's reruns start after the jobs that had finished
+    return sorted(kept, key=lambda r: int(r.data.tags.get("lsexp.job", len(found))))
 
 
 def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] = None):

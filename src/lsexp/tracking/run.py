@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from lsexp.config.facts import dataset_name, model_name, run_name, world_size
 from lsexp.config.overrides import overrides_dict
 from lsexp.runtime import device
-from lsexp.tracking import protocol
+from lsexp.tracking import protocol, resume
 from lsexp.tracking import worker as tracking_worker
 from lsexp.tracking.store import check_reachable, configured_uri
 from lsexp.tracking.uri import TrackingError, redact
@@ -105,16 +105,20 @@ class _WorkerTracker:
         tags = run_tags(cfg, strategy)
         parent = _sweep_parent_run_id()
         name = cfg.tracking.run_name or run_name(cfg, strategy)
+        params = flat_params(cfg, decided)
         if parent:
             tags["mlflow.parentRunId"] = parent
             tags["lsexp.overrides"] = redact(" ".join(HydraConfig.get().overrides.task))
+            # what sweep.resume finds the job's run by, and knows its config by
+            tags[resume.JOB_TAG] = str(HydraConfig.get().job.num)
+            tags[resume.FINGERPRINT_TAG] = resume.fingerprint(params)
             # Seeds of one setting share a group, which the report and the UI's "Group by" aggregate.
             tags["lsexp.group"] = sweep_group()
             # The UI's run column cuts long names: a sweep's children are named by what differs.
             name = cfg.tracking.run_name or _swept_choices() or name
         self._send(protocol.Open(uri=cfg.tracking.uri, start_dir=start_dir(), out_dir=str(out_dir),
                                  experiment_name=cfg.tracking.experiment_name, run_name=name, tags=tags,
-                                 params=flat_params(cfg, decided)))
+                                 params=params))
         (out_dir / "config.yaml").write_text(_config_yaml(cfg, decided))  # an artifact: no credentials
         self.sent_rows = self.sent_eval = 0
 
@@ -172,6 +176,19 @@ def tracker(cfg: DictConfig, out_dir: Path, strategy: str, decided) -> Iterator[
 
 
 # --- sweeps -----------------------------------------------------------------------------------
+def resumed_job(cfg: DictConfig, decided, out_dir: Path) -> Optional[dict]:
+    """With sweep.resume, a job whose run finished under the same config: its summary from the store,
+    and nothing to train. None when the job trains (see lsexp.tracking.resume)."""
+    parent = _sweep_parent_run_id()
+    if not (cfg.sweep.resume and parent and cfg.tracking.backend == "mlflow"):
+        return None
+    from lsexp.tracking.store import client_for, resolve_uri
+
+    client = client_for(resolve_uri(cfg.tracking.uri, start_dir()))
+    label = " ".join(HydraConfig.get().overrides.task)
+    return resume.decide(client, parent, HydraConfig.get().job.num, flat_params(cfg, decided), label, out_dir)
+
+
 def in_sweep() -> bool:
     return HydraConfig.initialized() and str(HydraConfig.get().mode) == "RunMode.MULTIRUN"
 
