@@ -6,10 +6,10 @@ It is MindSpore's dynamic rule (back off on overflow, grow after `scale_window` 
 below 1) with a window that adapts: the windows run from `min_scale_window` to `max_scale_window`
 (window_list below); every third growth moves to the next, longer window, and a third overflow with
 no growth between them drops the window to 1, from which the next third growth climbs back to the
-shortest. Every overflow skips the update. The state machine is written once as tensor arithmetic,
-so it runs inside the compiled step:
+shortest. Every overflow skips the update. The state machine is written once, as tables built from
+MindFormers' statements and tensor arithmetic over them, so it runs inside the compiled step:
 
-- as an update cell (AdaptiveLossScaleUpdateCell, MindFormers' name and Parameter names), which the
+- as an update cell (AdaptiveLossScaleUpdateCell, MindFormers' name), which the
   cell engine's train step calls where nn.TrainOneStepWithLossScaleCell calls
   DynamicLossScaleUpdateCell;
 - as a mindspore.amp.LossScaler (AdaptiveWindowLossScaler), for the functional engine.
@@ -105,7 +105,7 @@ class _AdaptiveWindowState:
     """The scaler's state as Parameters (so checkpoints carry it): MindFormers' scale_window,
     current_iterator_step and last_overflow_iterator_step by their names, and its list_index and
     up/down counts as one code, which the rule's tables move. On a step bound by kernel launches, a
-    table lookup is one kernel where the rule's comparisons and selects were some thirty."""
+    table lookup is one kernel where the rule's comparisons and selects were one each."""
 
     def _init_state(self, scale_factor, scale_window, max_scale_window, min_scale_window):
         windows = window_list(max_scale_window, min_scale_window)
