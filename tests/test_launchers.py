@@ -65,6 +65,8 @@ def ray_ready():
 def launcher(request):
     """(the launcher's overrides, the environment its sweep needs)"""
     name = request.param
+    if name == "joblib":  # hydra-joblib-launcher is in the test extra
+        return ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], {}
     if name == "ray":
         request.getfixturevalue("ray_ready")
         return ["hydra/launcher=ray"], {}
@@ -153,6 +155,33 @@ def test_failing_job_is_failed_and_the_other_finishes(launcher, tmp_path):
     assert status == {"3": "FAILED", "10": "FINISHED"}
     assert "lsexp.error" in next(c for c in children if c.info.status == "FAILED").data.tags
     assert parent.info.status == "FAILED"
+    assert "RUNNING" not in {r.info.status for r in found}
+
+
+# submitit_local is the Slurm launcher's own code without Slurm: Slurm's variant covers it
+RESUMABLE = [p for p in LAUNCHERS if p.id != "submitit_local"] + [
+    pytest.param("joblib", marks=pytest.mark.slow, id="joblib")]
+
+
+@pytest.mark.parametrize("launcher", RESUMABLE, indirect=True)
+def test_a_resumed_sweep_reruns_only_the_failed_job_under_this_launcher(launcher, tmp_path):
+    # the decision is the job's, from the store: it must hold wherever the launcher runs the job
+    args, env = launcher
+    uri = store(tmp_path)
+    sweep = ["-m", "model.num_class=3,10", "train.max_steps=3", *args, f"tracking.uri={uri}", *FAST,
+             f"hydra.sweep.dir={tmp_path / 'sweep'}"]
+    assert run_cli(*sweep, cwd=tmp_path, env=env, timeout=600).returncode != 0  # num_class=3 fails
+    _, parent, before, _ = _family(uri)
+    finished = next(c for c in before if c.info.status == "FINISHED")
+    out = run_cli(*sweep, "sweep.resume=true", cwd=tmp_path, env=env, timeout=600)
+    assert out.returncode != 0  # it fails again, as it must
+    _, again, children, found = _family(uri)
+    assert again.info.run_id == parent.info.run_id and again.info.status == "FAILED"
+    by_job = sorted((c.data.params["model.num_class"], c.info.status, c.data.tags.get("lsexp.superseded", ""))
+                    for c in children)
+    assert by_job == [("10", "FINISHED", ""), ("3", "FAILED", ""), ("3", "FAILED", "true")]
+    assert next(c for c in children if c.data.params["model.num_class"] == "10").info.run_id == \
+        finished.info.run_id, "the finished job was trained again"
     assert "RUNNING" not in {r.info.status for r in found}
 
 
