@@ -92,8 +92,9 @@ def test_a_sweep_interrupted_in_its_fourth_job_resumes_to_the_uninterrupted_swee
     assert {c.info.status for c in current} == {"FINISHED"}
     assert [(c.data.tags["lsexp.job"], c.info.status) for c in superseded] == [("3", "KILLED")]
     assert finished <= {c.info.run_id for c in current}, "a finished job was trained again"
-    # the killed job's files are kept beside its rerun's
-    (aside,) = (tmp_path / "sweep").glob("3-*/superseded/*/history.csv")
+    # the killed job's files (config.yaml at least: stopped while it built its step, it had no steps)
+    # are kept beside its rerun's
+    (aside,) = (tmp_path / "sweep").glob("3-*/superseded/*/config.yaml")
     assert aside.parent.name == superseded[0].info.run_id
     assert _histories(tmp_path) == _histories(uninterrupted)
     client, _, _ = runs(uri)
