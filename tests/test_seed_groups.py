@@ -12,15 +12,21 @@ import pytest
 from conftest import made_once, run_cli
 from helpers.mlflow_store import FAST, runs, store
 
-# Student's t for a 95% interval with 1 degree of freedom (two seeds), from the tables
-T_975_1 = 12.706
+SEEDS = ("1", "2", "3")
+
+
+def _t(n):
+    """Student's t for a 95% interval of a mean of n values, from scipy."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, n - 1))
 
 
 @pytest.fixture(scope="session")
 def seeded_sweep(tmp_path_factory):
     def make(root):
-        out = run_cli("-m", "loss_scale=fixed_drop,dynamic", "train.seed=1,2", "amp=O2", "train.max_steps=8",
-                      "sweep.baseline='loss_scale=fixed_drop'",
+        out = run_cli("-m", "loss_scale=fixed_drop,dynamic", "train.seed=range(1,4)", "amp=O2",
+                      "train.max_steps=8", "sweep.baseline='loss_scale=fixed_drop'",
                       f"tracking.uri={store(root)}", *FAST, cwd=root)
         assert out.returncode == 0, out.stderr
 
@@ -33,17 +39,16 @@ def _table(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # a 4-job sweep (~40 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
 def test_children_carry_their_group_and_seed(seeded_sweep):
     _, uri = seeded_sweep
     _, _, found = runs(uri)
     children = [r for r in found if "mlflow.parentRunId" in r.data.tags]
     assert sorted((c.data.tags["lsexp.group"], c.data.tags["lsexp.seed"]) for c in children) == [
-        ("loss_scale=dynamic", "1"), ("loss_scale=dynamic", "2"),
-        ("loss_scale=fixed_drop", "1"), ("loss_scale=fixed_drop", "2")]
+        (group, seed) for group in ("loss_scale=dynamic", "loss_scale=fixed_drop") for seed in SEEDS]
 
 
-@pytest.mark.slow  # a 4-job sweep (~40 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
 def test_the_comparison_has_a_row_per_group_with_mean_spread_and_interval(seeded_sweep):
     _, uri = seeded_sweep
     client, _, found = runs(uri)
@@ -54,13 +59,13 @@ def test_the_comparison_has_a_row_per_group_with_mean_spread_and_interval(seeded
     assert [r["group"] for r in table] == ["loss_scale=fixed_drop", "loss_scale=dynamic"]  # as typed
     for row in table:
         mine = [c for c in children if c.data.tags["lsexp.group"] == row["group"]]
-        assert row["n"] == "2" and row["seeds"] == "1 2"
+        assert row["n"] == "3" and row["seeds"] == "1 2 3"
         for metric in ("final_loss", "skipped_steps", "overflow_count"):
             values = [c.data.metrics[metric] for c in mine]
             mean, std = statistics.fmean(values), statistics.stdev(values)
             assert float(row[f"{metric}_mean"]) == pytest.approx(mean, abs=1e-6)
             assert float(row[f"{metric}_std"] or 0) == pytest.approx(std, abs=1e-6)
-            half = T_975_1 * std / math.sqrt(2)
+            half = _t(3) * std / math.sqrt(3)
             assert float(row[f"{metric}_ci95_low"] or mean) == pytest.approx(mean - half, abs=1e-4)
             assert float(row[f"{metric}_ci95_high"] or mean) == pytest.approx(mean + half, abs=1e-4)
     # dynamic starts at 2^24 and skips its first steps at O2; a fixed 128 never does here
@@ -73,7 +78,7 @@ def test_the_comparison_has_a_row_per_group_with_mean_spread_and_interval(seeded
     assert " ± " in md and "| group | n | seeds |" in md
 
 
-@pytest.mark.slow  # a 4-job sweep (~40 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
 def test_the_paired_comparison_differs_seed_by_seed_from_the_baseline(seeded_sweep):
     _, uri = seeded_sweep
     client, _, found = runs(uri)
@@ -82,21 +87,26 @@ def test_the_paired_comparison_differs_seed_by_seed_from_the_baseline(seeded_swe
     by = {(c.data.tags["lsexp.group"], c.data.tags["lsexp.seed"]): c.data.metrics for c in children}
     (row,) = _table(client.download_artifacts(parent.info.run_id, "comparison_paired.csv"))
     assert (row["group"], row["baseline"], row["n_pairs"]) == ("loss_scale=dynamic", "loss_scale=fixed_drop",
-                                                               "2")
+                                                               "3")
     diffs = [by[("loss_scale=dynamic", s)]["final_loss"] - by[("loss_scale=fixed_drop", s)]["final_loss"]
-             for s in ("1", "2")]
+             for s in SEEDS]
     assert float(row["final_loss_mean"]) == pytest.approx(statistics.fmean(diffs), abs=1e-6)
-    half = T_975_1 * statistics.stdev(diffs) / math.sqrt(2)
+    half = _t(3) * statistics.stdev(diffs) / math.sqrt(3)
     assert float(row["final_loss_ci95_high"]) == pytest.approx(statistics.fmean(diffs) + half, abs=1e-4)
 
 
-@pytest.mark.slow  # a 4-job sweep (~40 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
 def test_report_redraws_the_groups_and_pairs_with_another_baseline(seeded_sweep, tmp_path):
     _, uri = seeded_sweep
     _, _, found = runs(uri)
     parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
     out = run_cli_report(parent.info.run_id, uri, tmp_path / "r", "--baseline", "loss_scale=dynamic")
     assert out.returncode == 0, out.stderr
+    # the report prints the grouped table: a row per group, n=3, mean ± std [interval]
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| loss_scale=")]
+    assert [r.split(" | ")[:3] for r in rows[:2]] == [["| loss_scale=fixed_drop", "3", "1 2 3"],
+                                                      ["| loss_scale=dynamic", "3", "1 2 3"]]
+    assert all(" ± " in r and "[" in r for r in rows[:2])
     assert "paired with 'loss_scale=dynamic'" in out.stdout
     (row,) = _table(tmp_path / "r" / "comparison_paired.csv")
     assert row["group"] == "loss_scale=fixed_drop"
