@@ -23,6 +23,7 @@ import yaml
 from conftest import run_cli, stop_group
 from helpers import slurm_cluster
 from helpers.mlflow_store import FAST, job_dirs, runs, store
+from helpers.required import unavailable
 from lsexp.training.history import read_history
 
 SWEEP = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=20"]
@@ -31,9 +32,7 @@ SLURM_ENV = {"LSEXP_SLURM_LOST_AFTER_S": "5"}
 
 
 def _unavailable(reason: str):
-    if os.environ.get("LSEXP_REQUIRE_LAUNCHERS") == "1":
-        pytest.fail(f"LSEXP_REQUIRE_LAUNCHERS=1 but {reason}")
-    pytest.skip(reason)
+    unavailable("LSEXP_REQUIRE_LAUNCHERS", reason)
 
 
 def _need(module: str, extra: str) -> None:

@@ -8,7 +8,6 @@ the driver the tests are skipped, saying why; with LSEXP_REQUIRE_POSTGRES=1 (CI)
 """
 
 import csv
-import os
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from mlflow.tracking import MlflowClient
 from conftest import run_cli, stop_group
 from helpers import pg_cluster
 from helpers.mlflow_store import FAST, job_dirs, runs
+from helpers.required import unavailable
 from lsexp.training.history import read_history
 
 pytestmark = pytest.mark.postgres
@@ -34,9 +34,7 @@ SECRET = "Zq7x"
 
 
 def _unavailable(reason: str):
-    if os.environ.get("LSEXP_REQUIRE_POSTGRES") == "1":
-        pytest.fail(f"LSEXP_REQUIRE_POSTGRES=1 but {reason}")
-    pytest.skip(reason)
+    unavailable("LSEXP_REQUIRE_POSTGRES", reason)
 
 
 @pytest.fixture(scope="session")

@@ -16,15 +16,14 @@ import pytest
 
 from conftest import free_port, made_once, run_cli, stop_group
 from helpers.mlflow_store import FAST, runs, store
+from helpers.required import unavailable
 
 pytestmark = pytest.mark.browser
 CHROMIUM = "/usr/bin/chromium"
 
 
 def _unavailable(reason: str):
-    if os.environ.get("LSEXP_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"LSEXP_REQUIRE_BROWSER=1 but {reason}")
-    pytest.skip(reason)
+    unavailable("LSEXP_REQUIRE_BROWSER", reason)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from lsexp.config.overrides import overrides_dict
 from lsexp.report import studies
 from lsexp.report.sweep import labels, sweep_report
 from lsexp.tracking import worker as tracking_worker
+from lsexp.tracking.resume import child_runs
 from lsexp.tracking.run import PARENT_FILE, SEED_KEY, SWEPT_FILE, start_dir
 from lsexp.tracking.store import client_for, ensure_experiment, log_params, resolve_uri, with_retry
 from lsexp.tracking.uri import redact
@@ -96,11 +97,7 @@ class SweepCallback(Callback):
         return run.info.run_id
 
     def _runs_under(self, run_id: str) -> int:
-        from mlflow.entities import ViewType
-
-        parent = self.client.get_run(run_id)
-        return len(self.client.search_runs([parent.info.experiment_id],
-                                           f"tags.mlflow.parentRunId = '{run_id}'", ViewType.ALL))
+        return len(child_runs(self.client, run_id, superseded=True))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._close(Path(config.hydra.sweep.dir), interrupted=False)

@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 from lsexp.figures import axes, draw, pyplot, write_table
 from lsexp.report.groups import METRICS, TELEMETRY_METRICS, group_runs, grouped_rows, paired_rows
+from lsexp.tracking.resume import JOB_TAG, child_runs
 
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
                  "final_loss_scale", "diverged", "collapsed")
@@ -27,15 +28,10 @@ def labels(children) -> List[str]:
 
 
 def sweep_children(client, parent_run_id: str):
-    from mlflow.entities import ViewType
-
-    parent = client.get_run(parent_run_id)
-    found = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent_run_id}'",
-                               run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
-    # a run that a resumed sweep ran again stays in the store, but its rerun speaks for the job
-    kept = [r for r in found if r.data.tags.get("lsexp.superseded") != "true"]
-    # in job order: a resumed sweep's reruns start after the jobs that had finished
-    return sorted(kept, key=lambda r: int(r.data.tags.get("lsexp.job", len(found))))
+    """The sweep's current runs (a resumed sweep's superseded runs stay in the store, but their reruns
+    speak for the jobs), in job order: a resumed sweep's reruns start after the jobs that had finished."""
+    kept = child_runs(client, parent_run_id)
+    return sorted(kept, key=lambda r: int(r.data.tags.get(JOB_TAG, len(kept))))
 
 
 def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] = None):

@@ -40,16 +40,22 @@ def fingerprint(params: Dict[str, str]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def job_runs(client, parent_run_id: str, job: int):
-    """The job's runs under the parent that no rerun has superseded, oldest first."""
+def child_runs(client, parent_run_id: str, where: str = "", superseded: bool = False):
+    """The runs under a sweep's parent (with `where`, a further filter), oldest first; without the runs a
+    resumed sweep superseded unless `superseded`. The one search every reader of a sweep shares."""
     from mlflow.entities import ViewType
 
     parent = client.get_run(parent_run_id)
     found = client.search_runs(
         [parent.info.experiment_id],
-        f"tags.mlflow.parentRunId = '{parent_run_id}' and tags.`{JOB_TAG}` = '{job}'",
+        f"tags.mlflow.parentRunId = '{parent_run_id}'" + (f" and {where}" if where else ""),
         run_view_type=ViewType.ALL, order_by=["attributes.start_time ASC"])
-    return [r for r in found if r.data.tags.get(SUPERSEDED_TAG) != "true"]
+    return found if superseded else [r for r in found if r.data.tags.get(SUPERSEDED_TAG) != "true"]
+
+
+def job_runs(client, parent_run_id: str, job: int):
+    """The job's runs under the parent that no rerun has superseded, oldest first."""
+    return child_runs(client, parent_run_id, f"tags.`{JOB_TAG}` = '{job}'")
 
 
 def decide(client, parent_run_id: str, job: int, params: Dict[str, str], label: str,
