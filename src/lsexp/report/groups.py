@@ -48,6 +48,8 @@ class Interval:
             return ""
         if self.n == 1:
             return _short(self.mean)
+        if self.std == 0:  # every seed alike: the interval is the point
+            return f"{_short(self.mean)} ± 0"
         return f"{_short(self.mean)} ± {_short(self.std)} [{_short(self.low)}, {_short(self.high)}]"
 
 

@@ -15,7 +15,9 @@ import pkgutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence
+
+from lsexp.report.groups import Interval
 
 
 def available() -> List[str]:
@@ -40,6 +42,16 @@ class StudyRun:
     def strategy(self) -> str:
         return self.tags.get("lsexp.strategy", "")
 
+    @property
+    def group(self) -> str:
+        """The sweep's choices but train.seed: its `lsexp.group` tag, or in a store from before the tag
+        its differing choices but the seed."""
+        return self.tags.get("lsexp.group") or self.label_without("train.seed")
+
+    @property
+    def seed(self) -> str:
+        return self.tags.get("lsexp.seed") or self.param("train.seed", "")
+
     def label_without(self, *prefixes: str) -> str:
         """The run's differing choices except those starting with a prefix: the runs a study groups."""
         return " ".join(t for t in self.label.split() if not t.startswith(prefixes)) or "all"
@@ -62,6 +74,24 @@ class StudyRun:
 
     def param(self, key: str, default=None):
         return self.params.get(key, default)
+
+
+def by_group(runs: Iterable[StudyRun]) -> Dict[str, List[StudyRun]]:
+    """The runs by group (StudyRun.group), groups in the order of their first run, runs by seed."""
+    groups: Dict[str, List[StudyRun]] = {}
+    for run in runs:
+        groups.setdefault(run.group, []).append(run)
+    return {name: sorted(mine, key=_seed_order) for name, mine in groups.items()}
+
+
+def over_seeds(values: Iterable[float]) -> str:
+    """A group's per-seed values as the sweep comparison shows them: mean ± std [95% interval], or the
+    value alone for one seed."""
+    return Interval.of(list(values)).cell()
+
+
+def _seed_order(run: StudyRun):
+    return (0, int(run.seed)) if str(run.seed).lstrip("-").isdigit() else (1, str(run.seed))
 
 
 def write(study: str, client, children, labels: Sequence[str], out: Path) -> List[Path]:

@@ -2,12 +2,13 @@
 norm of 1): what a skipped update does to the schedule under lr_schedule.on_skip=hold and advance, and
 what clipping sees.
 
-Per setting (workload, strategy, on_skip), over the seeds: the skipped updates; the drift, how many
-steps the schedule stands behind the step count at the end, measured from the lr column against the
-same seed's `none` run, whose schedule saw every step; the share of steps clipped; the what-if, the
-share of steps whose *scaled* gradients (global_norm x loss_scale) exceed the clip norm, which is what
-clipping before unscaling would have clipped; the final eval loss and accuracy. `none`'s hold and
-advance are one run, so they are checked to be equal and shown once.
+Per setting (workload, strategy, on_skip: a group, the choices but the seed), over the seeds as
+mean ± std [95% interval] (lsexp.report.groups, as the sweep comparison has it): the skipped updates;
+the drift, how many steps the schedule stands behind the step count at the end, measured from the lr
+column against the same seed's `none` run, whose schedule saw every step; the share of steps clipped;
+the what-if, the share of steps whose *scaled* gradients (global_norm x loss_scale) exceed the clip
+norm, which is what clipping before unscaling would have clipped; the final eval loss and accuracy.
+`none`'s hold and advance are one run, so they are checked to be equal and shown once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Dict, List, Tuple
 
-from lsexp.report.studies import StudyRun
+from lsexp.report.studies import StudyRun, by_group, over_seeds
 
 COLUMNS = ["workload", "strategy", "on_skip", "seeds", "skipped_updates", "schedule_drift_steps",
            "clipped_fraction", "clipped_if_scaled_fraction", "eval_loss", "eval_accuracy"]
@@ -45,57 +46,50 @@ def drift(run: StudyRun, reference: StudyRun) -> float:
     return float(last - s)
 
 
-def spread(values: List[float]) -> str:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return ""
-    mean = sum(values) / len(values)
-    if len(values) == 1 or max(values) == min(values):
-        return f"{mean:.4g}"
-    return f"{mean:.4g} ({min(values):.4g}-{max(values):.4g})"
-
-
 def _scaled_clips(run: StudyRun, clip: float) -> float:
     norm, scale = run.history("global_norm"), run.history("loss_scale")
     steps = [s for s in norm if math.isfinite(norm[s])]
     return sum(norm[s] * scale[s] > clip for s in steps) / len(steps) if steps else math.nan
 
 
+def _on_skip(run: StudyRun) -> str:
+    return run.param("lr_schedule.on_skip", "hold")
+
+
 def table(runs: List[StudyRun]):
     reference: Dict[Tuple[str, str], StudyRun] = {}
     for run in runs:
-        if run.strategy == "none" and run.param("lr_schedule.on_skip") == "hold":
-            reference[(_workload(run), run.param("train.seed"))] = run
-    groups: Dict[Tuple[str, str, str], List[StudyRun]] = {}
-    for run in runs:
-        key = (_workload(run), run.strategy, run.param("lr_schedule.on_skip", "hold"))
-        groups.setdefault(key, []).append(run)
+        if run.strategy == "none" and _on_skip(run) == "hold":
+            reference[(_workload(run), run.seed)] = run
+    groups = list(by_group(runs).values())
     # none skips nothing, so its advance must be its hold: checked, then shown once
     none_same = {}
-    for workload in {w for w, strategy, _ in groups if strategy == "none"}:
-        by_seed = lambda rs: sorted(rs, key=lambda r: r.param("train.seed"))  # noqa: E731
-        advance = groups.pop((workload, "none", "advance"), [])
-        hold = groups.get((workload, "none", "hold"), [])
+    for advance in [g for g in groups if g[0].strategy == "none" and _on_skip(g[0]) == "advance"]:
+        workload = _workload(advance[0])
+        hold = next((g for g in groups if g[0].strategy == "none" and _on_skip(g[0]) == "hold"
+                     and _workload(g[0]) == workload), [])
+        groups.remove(advance)
         none_same[workload] = len(advance) == len(hold) and all(
             a.series("loss") == b.series("loss") and a.series("lr") == b.series("lr")
-            for a, b in zip(by_seed(advance), by_seed(hold)))
+            for a, b in zip(advance, hold))
     rows = []
-    for (workload, strategy, on_skip), mine in sorted(groups.items()):
+    for mine in sorted(groups, key=lambda g: (_workload(g[0]), g[0].strategy, _on_skip(g[0]))):
+        workload, strategy = _workload(mine[0]), mine[0].strategy
         clip = float(mine[0].param("optimizer.clip_grad_norm", "nan"))
         rows.append({
             "workload": workload,
             "strategy": strategy,
-            "on_skip": on_skip if strategy != "none" else
+            "on_skip": _on_skip(mine[0]) if strategy != "none" else
             ("hold = advance" if none_same.get(workload) else "hold (advance differs)"),
             "seeds": len(mine),
-            "skipped_updates": spread([r.metrics.get("skipped_steps", math.nan) for r in mine]),
-            "schedule_drift_steps": spread([
-                drift(r, reference[(workload, r.param("train.seed"))])
-                if (workload, r.param("train.seed")) in reference else math.nan for r in mine]),
-            "clipped_fraction": spread([_mean(r.history("clipped").values()) for r in mine]),
-            "clipped_if_scaled_fraction": spread([_scaled_clips(r, clip) for r in mine]),
-            "eval_loss": spread([r.metrics.get("eval_loss", math.nan) for r in mine]),
-            "eval_accuracy": spread([r.metrics.get("eval_accuracy", math.nan) for r in mine]),
+            "skipped_updates": over_seeds(r.metrics.get("skipped_steps", math.nan) for r in mine),
+            "schedule_drift_steps": over_seeds(
+                drift(r, reference[(workload, r.seed)]) if (workload, r.seed) in reference else math.nan
+                for r in mine),
+            "clipped_fraction": over_seeds(_mean(r.history("clipped").values()) for r in mine),
+            "clipped_if_scaled_fraction": over_seeds(_scaled_clips(r, clip) for r in mine),
+            "eval_loss": over_seeds(r.metrics.get("eval_loss", math.nan) for r in mine),
+            "eval_accuracy": over_seeds(r.metrics.get("eval_accuracy", math.nan) for r in mine),
             "_runs": mine,
         })
     return rows, COLUMNS
@@ -113,7 +107,7 @@ def figure(plt, runs: List[StudyRun], rows):
     for col, workload in enumerate(workloads):
         ax_lr, ax_loss = axes[0][col], axes[1][col]
         for row in (r for r in rows if r["workload"] == workload):
-            run = min(row["_runs"], key=lambda r: r.param("train.seed"))  # the first seed's curves
+            run = row["_runs"][0]  # the first seed's curves
             label = f"{row['strategy']} {row['on_skip']}"
             lr = run.history("lr")
             steps = sorted(lr)
@@ -121,7 +115,7 @@ def figure(plt, runs: List[StudyRun], rows):
             ax_lr.plot(steps, [lr[s] for s in steps], label=label, **style)
             loss = run.history("loss")
             ax_loss.plot(sorted(loss), [loss[s] for s in sorted(loss)], label=label, **style)
-        ax_lr.set_title(f"{workload} (seed 1)", fontsize=9)
+        ax_lr.set_title(f"{workload} (each setting's first seed)", fontsize=9)
         ax_lr.set_ylabel("learning rate used")
         ax_loss.set_ylabel("training loss")
         ax_loss.set_xlabel("step")

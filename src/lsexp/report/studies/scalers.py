@@ -2,7 +2,8 @@
 and fixed managers, DeepSpeed's and Megatron's hysteresis, MindFormers' adaptive window, the amax
 history with margins 0 and 2, against float16 without a scale and bfloat16.
 
-Per arm (conf/arm/) and workload, over the seeds (mean, and the range in brackets):
+Per arm (conf/arm/) and workload (a group: the choices but the seed), over the seeds as mean ± std
+[95% interval] (lsexp.report.groups, as the sweep comparison has it):
 - the skipped updates, split into the initial back-off (before the scale first grows and before the
   first burst: the descent from the initial scale), the bursts (the injected steps) and the others
   (mostly what the scaler's own growth overflowed);
@@ -32,10 +33,9 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from lsexp.report.studies import StudyRun, log2
+from lsexp.report.studies import StudyRun, by_group, log2, over_seeds
 from lsexp.report.studies.dynamic_window import bursts, injected_steps, recovery
 from lsexp.report.studies.engines import steady_speed
-from lsexp.report.studies.recipes import spread
 
 # the arms in the table's order; an arm the sweep adds goes after them
 ARMS = ["dynamic", "dynamic_hysteresis", "megatron", "adaptive_window", "amax_history_margin0",
@@ -124,12 +124,9 @@ def _recoveries(runs: List[StudyRun]) -> List[str]:
         elif not back:
             cells.append(NOT_RECOVERED)
         else:
-            cells.append(spread(back) + (f"; {missing} of {len(values)} {NOT_RECOVERED}" if missing else ""))
+            lost = f"; {missing} of {len(values)} {NOT_RECOVERED}" if missing else ""
+            cells.append(over_seeds(back) + lost)
     return cells
-
-
-def _seed(run: StudyRun) -> int:
-    return int(run.param("train.seed", 0))
 
 
 def bfloat16_note(runs: List[StudyRun]) -> str:
@@ -140,7 +137,7 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
 
     from lsexp.training.build import bfloat16_refusal
 
-    run = min(runs, key=lambda r: (arm(r) != "none", _seed(r)))
+    run = min(runs, key=lambda r: (arm(r) != "none", r.seed))
     path = run.artifact("config.yaml")
     if path is None:
         return "not probed: the run logged no config.yaml"
@@ -150,33 +147,30 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
 
 
 def _note(runs: List[StudyRun]) -> str:
-    notes = [f"seed {_seed(r)} diverged at step {int(r.metrics['diverged_at_step'])}"
+    notes = [f"seed {r.seed} diverged at step {int(r.metrics['diverged_at_step'])}"
              for r in runs if "diverged_at_step" in r.metrics]
-    notes += [f"seed {_seed(r)} collapsed at step {int(r.metrics['collapsed_at_step'])}"
+    notes += [f"seed {r.seed} collapsed at step {int(r.metrics['collapsed_at_step'])}"
               for r in runs if "collapsed_at_step" in r.metrics]
     if all(r.strategy == "none" and not injected_steps(r) for r in runs):
         notes.insert(0, "no bursts: without a scaler they would end the run")
     return "; ".join(notes)
 
 
-def _order(key: Tuple[str, str]) -> tuple:
-    name = key[1]
-    return (key[0], ARMS.index(name) if name in ARMS else len(ARMS), name)
+def _order(mine: List[StudyRun]) -> tuple:
+    name = arm(mine[0])
+    return (workload(mine[0]), ARMS.index(name) if name in ARMS else len(ARMS), name)
 
 
 def table(runs: List[StudyRun]):
-    groups: Dict[Tuple[str, str], List[StudyRun]] = {}
-    for run in runs:
-        groups.setdefault((workload(run), arm(run)), []).append(run)
-    speed = {(workload(r), _seed(r), arm(r)): steady_speed(r) for r in runs}
+    speed = {(workload(r), r.seed, arm(r)): steady_speed(r) for r in runs}
     rows = []
-    for key in sorted(groups, key=_order):
-        mine = sorted(groups[key], key=_seed)
+    for mine in sorted(by_group(runs).values(), key=_order):
+        key = (workload(mine[0]), arm(mine[0]))
         splits = [skipped_split(r) for r in mine]
         headroom = [clean_values(r, "headroom_log2") for r in mine]
         ratios = []
         for r in mine:
-            base, own = speed.get((key[0], _seed(r), "dynamic")), speed[(key[0], _seed(r), arm(r))]
+            base, own = speed.get((key[0], r.seed, "dynamic")), speed[(key[0], r.seed, arm(r))]
             ratios.append(base / own if base and own else math.nan)
         first, second = _recoveries(mine)
         rows.append({
@@ -184,24 +178,24 @@ def table(runs: List[StudyRun]):
             "arm": key[1],
             "dtype": mine[0].param("amp.dtype", "float16"),
             "seeds": len(mine),
-            "skipped_initial_backoff": spread([float(s[0]) for s in splits]),
-            "skipped_bursts": spread([float(s[1]) for s in splits]),
-            "skipped_other": spread([float(s[2]) for s in splits]),
-            "headroom_log2_median": spread([_percentile(h, 50) for h in headroom]),
-            "headroom_log2_p10": spread([_percentile(h, 10) for h in headroom]),
-            "mean_underflow_fraction": spread([_mean(clean_values(r, "underflow_fraction")) for r in mine]),
-            "mean_zero_fraction": spread([_mean(clean_values(r, "zero_fraction")) for r in mine]),
+            "skipped_initial_backoff": over_seeds([float(s[0]) for s in splits]),
+            "skipped_bursts": over_seeds([float(s[1]) for s in splits]),
+            "skipped_other": over_seeds([float(s[2]) for s in splits]),
+            "headroom_log2_median": over_seeds([_percentile(h, 50) for h in headroom]),
+            "headroom_log2_p10": over_seeds([_percentile(h, 10) for h in headroom]),
+            "mean_underflow_fraction": over_seeds(_mean(clean_values(r, "underflow_fraction")) for r in mine),
+            "mean_zero_fraction": over_seeds([_mean(clean_values(r, "zero_fraction")) for r in mine]),
             "recovery_burst1": first,
             "recovery_burst2": second,
-            "eval_accuracy": spread([r.metrics.get("eval_accuracy", math.nan) for r in mine]),
-            "eval_loss": spread([r.metrics.get("eval_loss", math.nan) for r in mine]),
-            "step_time_vs_dynamic": spread(ratios),
+            "eval_accuracy": over_seeds([r.metrics.get("eval_accuracy", math.nan) for r in mine]),
+            "eval_loss": over_seeds([r.metrics.get("eval_loss", math.nan) for r in mine]),
+            "step_time_vs_dynamic": over_seeds(ratios),
             "note": _note(mine),
             "_runs": mine,
             "_skipped": [sum(s) for s in splits],
             "_headroom": [_percentile(h, 50) for h in headroom],
         })
-    for name in sorted({w for w, _ in groups}):
+    for name in sorted({workload(r) for r in runs}):
         position = max(i for i, r in enumerate(rows) if r["workload"] == name) + 1
         rows.insert(position, {
             "workload": name, "arm": "none", "dtype": "bfloat16", "seeds": 0,
@@ -234,7 +228,7 @@ def figure(plt, runs: List[StudyRun], rows):
                              color=colour, markersize=7, capsize=3, alpha=0.85)
         for first, last in bursts(max((injected_steps(r["_runs"][0]) for r in mine), key=len)):
             ax_scale.axvspan(first - 0.5, last + 0.5, color="tab:red", alpha=0.25)
-        seed = min(_seed(r["_runs"][0]) for r in mine)
+        seed = min(r["_runs"][0].seed for r in mine)
         ax_scale.set_title(f"{name}: loss scale, seed {seed} (red: injected bursts)", fontsize=9)
         ax_scale.set_ylabel("log2 loss scale")
         ax_scale.set_xlabel("step")
