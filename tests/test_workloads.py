@@ -170,6 +170,25 @@ def test_a_model_and_data_set_from_outside_lsexp_train_via_target(tmp_path, data
     assert "model:\n  _target_: my_pkg.MyNet" in (run_dir / ".hydra" / "config.yaml").read_text()
 
 
+def test_a_graph_mindspore_cannot_compile_leaves_its_dump_in_the_job_folder(tmp_path):
+    # MindSpore writes analyze_fail.ir under ./rank_0/om by default: the user's folder
+    (tmp_path / "bad_net.py").write_text(
+        "from mindspore import nn\n"
+        "class BadNet(nn.Cell):\n"
+        "    def __init__(self, num_class, num_channel, image_size):\n"
+        "        super().__init__()\n"
+        "        self.head = nn.Dense(num_channel * image_size * image_size, num_class)\n"
+        "    def construct(self, x):\n"
+        "        from math import pi  # graph mode has no import statement\n"
+        "        return self.head(x.reshape(x.shape[0], -1)) * pi\n")
+    out = run_cli("model._target_=bad_net.BadNet", "train.max_steps=1", "tracking=none", "train.progress=false",
+                  cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode != 0 and "ImportFrom" in out.stderr, out.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_net.py", "outputs"]
+    (dump,) = tmp_path.glob("outputs/*/*/rank_0/om/analyze_fail.ir")
+    assert str(dump) in out.stderr  # where MindSpore's message says it is
+
+
 # --- errors: one line, exit 2, nothing written ------------------------------------------------------
 def _assert_one_line_and_nothing_written(out, cwd: Path, *keys: str) -> str:
     assert out.returncode == 2, out.stdout + out.stderr

@@ -20,6 +20,10 @@ from lsexp.config.registry import register_configs
 from lsexp.scaleout import launchers
 
 log = logging.getLogger("lsexp")
+# MindSpore writes a failed (or Ctrl-C'd) graph compile's analyze_fail.ir under $MS_OM_PATH/rank_N/om,
+# the working directory by default: the user's folder. A job puts it in its own folder instead, unless
+# the user chose a place.
+_USER_OM_PATH = os.environ.get("MS_OM_PATH")
 # lsexp's conf/hydra/launcher/ray.yaml (and submitit_*) are checked against the plugin's schema of the
 # same name, which Hydra 1.3 does and warns about (mixing the plugin's schema in explicitly fails: its
 # plugin scanner loads the plugin's module a second time, a second class of the same name).
@@ -45,6 +49,7 @@ def run(cfg: DictConfig) -> dict:
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
     out_dir = Path(HydraConfig.get().runtime.output_dir)
+    os.environ["MS_OM_PATH"] = _USER_OM_PATH or str(out_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
     try:
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
