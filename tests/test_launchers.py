@@ -22,6 +22,7 @@ import yaml
 
 from conftest import run_cli, stop_group
 from helpers import slurm_cluster
+from helpers.interrupted_sweep import check_interrupted, histories, interrupt, resume, sweep_args
 from helpers.mlflow_store import FAST, job_dirs, runs, store
 from helpers.required import unavailable
 from lsexp.training.history import read_history
@@ -182,6 +183,29 @@ def test_a_resumed_sweep_reruns_only_the_failed_job_under_this_launcher(launcher
     assert next(c for c in children if c.data.params["model.num_class"] == "10").info.run_id == \
         finished.info.run_id, "the finished job was trained again"
     assert "RUNNING" not in {r.info.status for r in found}
+
+
+@pytest.fixture(scope="module")
+def basic_six(tmp_path_factory):
+    """Issue 21's 6-job sweep under the basic launcher, with the one MindSpore thread a job gets from
+    Ray's or Slurm's CPU per job: what a stopped and resumed sweep under either must end as."""
+    root = tmp_path_factory.mktemp("basic_six")
+    out = run_cli(*sweep_args(root, "device.threads_num=1"), cwd=root, timeout=1200)
+    assert out.returncode == 0, out.stderr[-5000:]
+    return {job.replace("device.threads_num=1,", ""): rows for job, rows in histories(root).items()}
+
+
+@pytest.mark.parametrize("launcher", [p for p in LAUNCHERS if p.id != "submitit_local"], indirect=True)
+def test_a_sweep_stopped_in_its_fourth_job_resumes_under_this_launcher(launcher, basic_six, tmp_path):
+    # Ctrl-C as job 3 starts: the launcher cancels what still runs or waits (two jobs run at once, so
+    # job 2 may be cut short too), each cancelled job ends its run KILLED, and the resumed sweep, its
+    # decisions made in each job from the store, trains only those
+    args, env = launcher
+    sweep = sweep_args(tmp_path, *args)
+    output = interrupt(tmp_path, sweep, "SIGINT", env)
+    finished = check_interrupted(store(tmp_path), "SIGINT", output)
+    resume(tmp_path, sweep, finished, env)
+    assert histories(tmp_path) == basic_six
 
 
 def _long_job_under_way(uri: str) -> bool:

@@ -181,8 +181,8 @@ def test_a_graph_mindspore_cannot_compile_leaves_its_dump_in_the_job_folder(tmp_
         "    def construct(self, x):\n"
         "        from math import pi  # graph mode has no import statement\n"
         "        return self.head(x.reshape(x.shape[0], -1)) * pi\n")
-    out = run_cli("model._target_=bad_net.BadNet", "train.max_steps=1", "tracking=none", "train.progress=false",
-                  cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
+    out = run_cli("model._target_=bad_net.BadNet", "train.max_steps=1", "tracking=none",
+                  "train.progress=false", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
     assert out.returncode != 0 and "ImportFrom" in out.stderr, out.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad_net.py", "outputs"]
     (dump,) = tmp_path.glob("outputs/*/*/rank_0/om/analyze_fail.ir")

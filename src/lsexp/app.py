@@ -52,9 +52,9 @@ def run(cfg: DictConfig) -> dict:
     os.environ["MS_OM_PATH"] = _USER_OM_PATH or str(out_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
     try:
-        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt), signal.getsignal(signal.SIGINT)
     except ValueError:  # not the main thread (some launchers); Ctrl-C handling still applies
-        pass
+        previous = None
     try:
         with decide(cfg, checked.strategy.optimizer_loss_scale, _parallel_jobs()) as decided:
             summary = _track_and_train(cfg, checked, decided, out_dir)
@@ -62,6 +62,11 @@ def run(cfg: DictConfig) -> dict:
         # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
         print(f"lsexp: interrupted; the history so far is in {out_dir}", file=sys.stderr)
         raise SystemExit(130) from None
+    finally:
+        # the handlers are the job's: a process that outlives it (a Ray worker) stops its own way
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous[0])
+            signal.signal(signal.SIGINT, previous[1])
     _report(summary, out_dir)
     return summary
 

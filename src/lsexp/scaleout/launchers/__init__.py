@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Dict, List, Optional, Sequence, Tuple
+import sys
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -168,3 +169,13 @@ def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: floa
             "the job's process was lost (killed, or its node failed) before its run was closed",
         )
         with_retry(client.set_terminated, run.info.run_id, "KILLED")
+
+
+def interrupted(config: DictConfig, cancelled: List[Sequence[str]]) -> NoReturn:
+    """Ctrl-C of a sweep whose jobs run in other processes, after the launcher has cancelled the
+    unfinished ones: each ends its run KILLED as it stops, and a run that a job stopped too hard to end
+    is closed here, so nothing stays RUNNING; then one line, and exit 130 as an interrupted job does."""
+    close_lost_runs(config, cancelled)
+    print(f"lsexp: interrupted; the sweep's unfinished jobs were cancelled. To continue, run the same "
+          f"command with sweep.resume=true hydra.sweep.dir={config.hydra.sweep.dir}", file=sys.stderr)
+    raise SystemExit(130)

@@ -8,7 +8,8 @@
 - Every job's outcome is awaited before the sweep ends: a job whose worker died becomes a failed
   job (its MLflow run was ended KILLED by its tracking worker), and the others still finish.
 - Ray's local start: no dashboard (seconds saved), and RAY_AUTH_MODE=disabled unless set, or Ray
-  2.60 warns and writes an auth token. With `hydra.launcher.ray.init.address` set (`auto`, or
+  2.60 warns and writes an auth token. RAY_DEDUP_LOGS=0 unless set: Ray would fold the jobs' summary
+  lines, which differ only in their numbers, into one. With `hydra.launcher.ray.init.address` set (`auto`, or
   host:port) the jobs go to that existing cluster, and the keys only a new cluster takes are dropped.
 """
 
@@ -24,9 +25,11 @@ from hydra.core.utils import JobReturn, JobStatus, configure_log, filter_overrid
 from omegaconf import OmegaConf, open_dict
 
 from hydra_plugins.hydra_ray_launcher.ray_launcher import RayLauncher as _PluginLauncher
-from lsexp.scaleout.launchers import close_lost_runs, failed
+from lsexp.scaleout.launchers import close_lost_runs, failed, interrupted
 
 log = logging.getLogger(__name__)
+# how long a Ctrl-C'd sweep waits for its cancelled jobs to end their runs
+_CANCEL_GRACE_S = 30.0
 
 # ray.init refuses these when it connects to an existing cluster
 _NEW_CLUSTER_ONLY = (
@@ -70,6 +73,8 @@ def _run_job_in(cwd: str, hydra_context, sweep_config, task_function, singleton_
 class RayLauncher(_PluginLauncher):
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
         os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+        # Ray folds log lines that differ only in their numbers: every job's summary line but one
+        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
         import ray
 
         setup_globals()
@@ -120,10 +125,13 @@ class RayLauncher(_PluginLauncher):
                             ),
                         )
                     )
-        except KeyboardInterrupt:  # stop what still runs: each job then ends its run KILLED
-            for ref in refs:
-                ray.cancel(ref)
-            raise
+        except KeyboardInterrupt:
+            for ref in refs[len(results):]:
+                ray.cancel(ref)  # a KeyboardInterrupt in the job, which ends its run KILLED
+            # Ray's shutdown at exit kills the workers with their children, tracking workers included:
+            # the cancelled jobs end their runs first
+            ray.wait(refs[len(results):], num_returns=len(refs) - len(results), timeout=_CANCEL_GRACE_S)
+            interrupted(self.config, overrides_of[len(results):])
         close_lost_runs(
             self.config, [o for o, r in zip(overrides_of, results) if r.status != JobStatus.COMPLETED]
         )

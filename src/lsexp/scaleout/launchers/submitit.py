@@ -24,7 +24,7 @@ from hydra.core.utils import JobReturn, filter_overrides
 from omegaconf import OmegaConf
 
 from hydra_plugins.hydra_submitit_launcher import submitit_launcher as _plugin
-from lsexp.scaleout.launchers import close_lost_runs, failed
+from lsexp.scaleout.launchers import close_lost_runs, failed, interrupted
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +161,10 @@ class _Launcher(_plugin.BaseSubmititLauncher):
                 "result is failed after %g s",
                 LOST_AFTER_S,
             )
-        results = _Waiter(self._EXECUTOR).wait(list(jobs), [list(o) for o in job_overrides])
+        try:
+            results = _Waiter(self._EXECUTOR).wait(list(jobs), [list(o) for o in job_overrides])
+        except KeyboardInterrupt:  # the waiter has cancelled the unfinished jobs
+            interrupted(self.config, [list(o) for o in job_overrides])
         close_lost_runs(
             self.config, [o for o, r in zip(job_overrides, results) if r.status.name != "COMPLETED"]
         )
