@@ -131,3 +131,24 @@ def test_a_baseline_the_sweep_cannot_make_is_one_line_before_any_job(tmp_path):
     assert "sweep.baseline='amp=O2'" in out.stderr
     assert "'loss_scale=fixed_drop'" in out.stderr
     assert not (tmp_path / "multirun").exists() and not (tmp_path / "m.db").exists()
+
+
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
+def test_a_study_groups_and_averages_the_seeds_as_the_comparison_does(seeded_sweep, tmp_path):
+    from lsexp.report.studies import by_group, over_seeds, study_runs
+    from lsexp.report.sweep import labels, sweep_children
+
+    _, uri = seeded_sweep
+    client, _, found = runs(uri)
+    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
+    children = sweep_children(client, parent.info.run_id)
+    groups = by_group(study_runs(client, children, labels(children), tmp_path))
+    assert list(groups) == ["loss_scale=fixed_drop", "loss_scale=dynamic"]
+    md = open(client.download_artifacts(parent.info.run_id, "comparison.md")).read().splitlines()
+    header = [c.strip() for c in md[0].strip("|").split("|")]
+    for name, mine in groups.items():
+        assert [r.seed for r in mine] == list(SEEDS)
+        (row,) = [[c.strip() for c in line.strip("|").split("|")]
+                  for line in md if line.startswith(f"| {name} |")]
+        for metric in ("final_loss", "skipped_steps"):
+            assert over_seeds(r.metrics[metric] for r in mine) == row[header.index(metric)], metric

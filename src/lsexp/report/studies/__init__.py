@@ -76,6 +76,12 @@ class StudyRun:
         return self.params.get(key, default)
 
 
+def study_runs(client, children, labels: Sequence[str], downloads: Path) -> List[StudyRun]:
+    """The sweep's child runs (MLflow's Run objects) as a study reads them."""
+    return [StudyRun(client, c.info.run_id, label, c.info.status, dict(c.data.params), dict(c.data.metrics),
+                     dict(c.data.tags), downloads) for c, label in zip(children, labels)]
+
+
 def by_group(runs: Iterable[StudyRun]) -> Dict[str, List[StudyRun]]:
     """The runs by group (StudyRun.group), groups in the order of their first run, runs by seed."""
     groups: Dict[str, List[StudyRun]] = {}
@@ -103,19 +109,7 @@ def write(study: str, client, children, labels: Sequence[str], out: Path) -> Lis
 
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="lsexp-study-") as downloads:
-        runs = [
-            StudyRun(
-                client,
-                c.info.run_id,
-                label,
-                c.info.status,
-                dict(c.data.params),
-                dict(c.data.metrics),
-                dict(c.data.tags),
-                Path(downloads),
-            )
-            for c, label in zip(children, labels)
-        ]
+        runs = study_runs(client, children, labels, Path(downloads))
         rows, columns = module.table(runs)
         write_table(out / study, rows, columns, cell=_cell)
         plt = pyplot()
