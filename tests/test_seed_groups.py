@@ -123,32 +123,40 @@ def run_cli_report(run_id, uri, out, *args):
                            "--out", str(out), *args], capture_output=True, text=True, timeout=300)
 
 
-def test_a_baseline_the_sweep_cannot_make_is_one_line_before_any_job(tmp_path):
-    out = run_cli("-m", "loss_scale=fixed_drop,dynamic", "train.seed=1,2",
-                  "sweep.baseline='amp=O2'", f"tracking.uri={store(tmp_path)}", *FAST,
-                  cwd=tmp_path)
+@pytest.mark.parametrize("swept, baseline, named", [
+    (["loss_scale=fixed_drop,dynamic"], "amp=O2", ["'loss_scale=fixed_drop'"]),
+    # some of a group's choices may be named, but each with one of its swept values
+    (["loss_scale=fixed_drop,dynamic", "amp=O2,O3"], "amp=O1",
+     ["'loss_scale=fixed_drop amp=O2'", "'loss_scale=fixed_drop'"]),
+])
+def test_a_baseline_the_sweep_cannot_make_is_one_line_before_any_job(tmp_path, swept, baseline, named):
+    out = run_cli("-m", *swept, "train.seed=1,2", f"sweep.baseline='{baseline}'",
+                  f"tracking.uri={store(tmp_path)}", *FAST, cwd=tmp_path)
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
-    assert "sweep.baseline='amp=O2'" in out.stderr
-    assert "'loss_scale=fixed_drop'" in out.stderr
+    assert f"sweep.baseline='{baseline}'" in out.stderr
+    assert all(n in out.stderr for n in named), out.stderr
     assert not (tmp_path / "multirun").exists() and not (tmp_path / "m.db").exists()
 
 
-@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
-def test_a_study_groups_and_averages_the_seeds_as_the_comparison_does(seeded_sweep, tmp_path):
-    from lsexp.report.studies import by_group, over_seeds, study_runs
-    from lsexp.report.sweep import labels, sweep_children
+def test_a_baseline_of_some_choices_pairs_each_group_with_its_own():
+    """`loss_scale=none` in a sweep over two workloads: each workload's dynamic runs are paired with that
+    workload's none runs (as the recipes study needs), where a whole group is everyone's baseline."""
+    from lsexp.report.groups import group_runs, paired_rows
 
-    _, uri = seeded_sweep
-    client, _, found = runs(uri)
-    parent = next(r for r in found if r.data.tags.get("lsexp.sweep") == "true")
-    children = sweep_children(client, parent.info.run_id)
-    groups = by_group(study_runs(client, children, labels(children), tmp_path))
-    assert list(groups) == ["loss_scale=fixed_drop", "loss_scale=dynamic"]
-    md = open(client.download_artifacts(parent.info.run_id, "comparison.md")).read().splitlines()
-    header = [c.strip() for c in md[0].strip("|").split("|")]
-    for name, mine in groups.items():
-        assert [r.seed for r in mine] == list(SEEDS)
-        (row,) = [[c.strip() for c in line.strip("|").split("|")]
-                  for line in md if line.startswith(f"| {name} |")]
-        for metric in ("final_loss", "skipped_steps"):
-            assert over_seeds(r.metrics[metric] for r in mine) == row[header.index(metric)], metric
+    names, seeds, rows = [], [], []
+    for workload, offset in (("a", 0.0), ("b", 10.0)):
+        for strategy, shift in (("none", 0.0), ("dynamic", 0.5)):
+            for seed in SEEDS:
+                names.append(f"workload={workload} loss_scale={strategy}")
+                seeds.append(seed)
+                rows.append({"final_loss": offset + shift + int(seed) * 0.1 * (1 + (strategy == "dynamic"))})
+    groups = group_runs(rows, names, seeds)
+    paired = paired_rows(groups, "loss_scale=none", ["final_loss"])
+    assert [(r["group"], r["baseline"], r["n_pairs"]) for r in paired] == [
+        ("workload=a loss_scale=dynamic", "workload=a loss_scale=none", 3),
+        ("workload=b loss_scale=dynamic", "workload=b loss_scale=none", 3)]
+    # per seed: 0.5 + 0.1 * seed, so the mean is 0.7 on both workloads, not 10 apart
+    assert [r["final_loss_mean"] for r in paired] == [pytest.approx(0.7), pytest.approx(0.7)]
+    whole = paired_rows(groups, "workload=a loss_scale=none", ["final_loss"])
+    assert [r["baseline"] for r in whole] == ["workload=a loss_scale=none"] * 3
+    assert paired_rows(groups, "amp=O2", ["final_loss"]) == []

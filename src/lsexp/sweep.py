@@ -154,8 +154,8 @@ class SweepCallback(Callback):
 
 
 def baseline_problem(config: DictConfig) -> Optional[str]:
-    """A baseline group the sweep cannot produce: its keys must be the swept keys but train.seed, in the
-    order typed, each with one of its swept values."""
+    """A baseline the sweep cannot produce: its keys must be swept keys but train.seed (all of them: one
+    group; some: each group's own), each with one of its swept values."""
     baseline = OmegaConf.select(config, "sweep.baseline")
     if baseline is None:
         return None
@@ -165,9 +165,12 @@ def baseline_problem(config: DictConfig) -> Optional[str]:
                 "it has one group and nothing to compare it with; drop the baseline")
     given = overrides_dict([t for t in str(baseline).split() if "=" in t])
     fix = " ".join(f"{k}={v.split(',')[0]}" for k, v in swept.items())
-    if list(given) != list(swept) or any("," in v and given[k] not in v.split(",") for k, v in swept.items()):
-        return (f"sweep.baseline={baseline!r} is not a group of this sweep; "
-                f"name one as its runs' lsexp.group tag does, e.g. '{fix}'")
+    if not given or not set(given) <= set(swept) or any(
+            "," in swept[k] and v not in swept[k].split(",") for k, v in given.items()):
+        first, value = next(iter(swept.items()))
+        return (f"sweep.baseline={baseline!r} is not a group of this sweep, nor some of its choices; "
+                f"name one as its runs' lsexp.group tag does, e.g. '{fix}', or some of its choices, "
+                f"e.g. '{first}={value.split(',')[0]}'")
     return None
 
 

@@ -202,7 +202,8 @@ class SweepConfig:
     """What a multirun does beyond its jobs; a single run ignores it."""
 
     # a group, as its runs' lsexp.group tag spells it ("loss_scale=dynamic amp=O2"), that every other
-    # group is compared with seed by seed (comparison_paired.*)
+    # group is compared with seed by seed (comparison_paired.*); or some of its choices
+    # ("loss_scale=dynamic"), each group then compared with the one that differs from it in those alone
     baseline: Optional[str] = None
     # Run again with the old hydra.sweep.dir: jobs whose run finished with the same config are not
     # trained again; the rest run under the same parent (lsexp.tracking.resume).

@@ -39,8 +39,10 @@ def main(argv: Sequence[str] = ()) -> int:
     )
     parser.add_argument(
         "--baseline", default=None, metavar="GROUP",
-        help="a group, as its runs' lsexp.group tag names it (e.g. 'loss_scale=dynamic'), to compare "
-        "every other group with, seed by seed: comparison_paired.csv and .md",
+        help="a group, as its runs' lsexp.group tag names it (e.g. 'loss_scale=none amp=O2'), to compare "
+        "every other group with, seed by seed, or some of a group's choices ('loss_scale=none'): each "
+        "group is then compared with the one that differs from it in those alone. Writes "
+        "comparison_paired.csv and .md",
     )
     args = parser.parse_args(list(argv))
 

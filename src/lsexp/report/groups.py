@@ -1,7 +1,7 @@
 """Seeds of one setting as one result: a sweep's runs grouped by their `lsexp.group` tag (every swept
 choice but train.seed), each summary metric as n, mean, standard deviation and a 95% confidence interval
 of the mean (Student's t, n - 1 degrees of freedom), and the paired difference of each group from a
-baseline group over the seeds both ran."""
+baseline group over the seeds both ran (the whole group, or some of its choices: each group's own)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
+
+from lsexp.config.overrides import overrides_dict
 
 # What a run ends with, as the tracking worker logs it; eval_accuracy where the run evaluated.
 METRICS = ("final_loss", "eval_accuracy", "skipped_steps", "overflow_count")
@@ -86,18 +88,33 @@ def grouped_rows(groups: Sequence[Group], metrics: Sequence[str]) -> List[Dict]:
     return out
 
 
+def baseline_of(group: str, baseline: str) -> Optional[str]:
+    """The group `group` is paired with: its own choices with the baseline's put in their place. A
+    baseline that names every swept choice is one group for all; one that names some of them
+    (`loss_scale=none`) pairs each group with the one that differs from it in those alone, so that a
+    sweep over workloads pairs each workload's runs with that workload's baseline. None when the
+    group has not every key the baseline names."""
+    mine, theirs = overrides_dict(group.split()), overrides_dict(baseline.split())
+    if not theirs or not set(theirs) <= set(mine):
+        return None
+    mine.update(theirs)
+    return " ".join(f"{key}={value}" for key, value in mine.items())
+
+
 def paired_rows(groups: Sequence[Group], baseline: str, metrics: Sequence[str]) -> List[Dict]:
-    """For each group but the baseline: over the seeds both ran, the per-seed difference from the baseline
-    (group minus baseline) of each metric, as n, mean, std and interval. Pairing by seed takes out what a
-    seed does to every group alike (its initial weights, its data order)."""
-    base = next(g for g in groups if g.name == baseline)  # sweep_report has checked that it is one
-    by_seed = dict(zip(base.seeds, base.rows))
+    """For each group but its baseline group (baseline_of): over the seeds both ran, the per-seed
+    difference from the baseline group (group minus baseline) of each metric, as n, mean, std and
+    interval. Pairing by seed takes out what a seed does to every group alike (its initial weights,
+    its data order)."""
+    by_name = {g.name: g for g in groups}
     out = []
     for group in groups:
-        if group is base:
+        base = by_name.get(baseline_of(group.name, baseline) or "")
+        if base is None or base is group:
             continue
+        by_seed = dict(zip(base.seeds, base.rows))
         pairs = [(row, by_seed[seed]) for seed, row in zip(group.seeds, group.rows) if seed in by_seed]
-        row = {"group": group.name, "baseline": baseline, "n_pairs": len(pairs),
+        row = {"group": group.name, "baseline": base.name, "n_pairs": len(pairs),
                "seeds": " ".join(s for s in group.seeds if s in by_seed)}
         for metric in metrics:
             iv = Interval.of([_difference(mine.get(metric), theirs.get(metric)) for mine, theirs in pairs])

@@ -6,7 +6,14 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from lsexp.figures import axes, draw, pyplot, write_table
-from lsexp.report.groups import METRICS, TELEMETRY_METRICS, group_runs, grouped_rows, paired_rows
+from lsexp.report.groups import (
+    METRICS,
+    TELEMETRY_METRICS,
+    baseline_of,
+    group_runs,
+    grouped_rows,
+    paired_rows,
+)
 from lsexp.tracking.resume import JOB_TAG, child_runs
 
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
@@ -39,16 +46,16 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
 
     Runs that differ only in train.seed (the same `lsexp.group` tag) are one group: the table then has
     a row per group with each metric's mean, spread and interval (comparison_runs.* keeps the runs), the
-    figure a mean loss per group, and with a baseline group comparison_paired.* holds every group's
-    difference from it, seed by seed."""
+    figure a mean loss per group, and with a baseline (a group, or some of a group's choices)
+    comparison_paired.* holds every group's difference from its baseline group, seed by seed."""
     children = sweep_children(client, parent_run_id)
     names = labels(children)
     group_names = [c.data.tags.get("lsexp.group") or label for c, label in zip(children, names)]
     seeds = [c.data.tags.get("lsexp.seed", "") for c in children]
     grouped = len(set(group_names)) < len(children)
-    if baseline is not None and baseline not in group_names:
-        raise LookupError(f"baseline group {baseline!r} is not one of this sweep's groups: "
-                          + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
+    if baseline is not None and not any(baseline_of(g, baseline) in group_names for g in group_names):
+        raise LookupError(f"baseline {baseline!r} is not one of this sweep's groups, nor some of their "
+                          "choices: " + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
     out.mkdir(parents=True, exist_ok=True)
     telemetry = any("underflow_fraction" in c.data.metrics for c in children)
     columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
