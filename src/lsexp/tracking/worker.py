@@ -46,6 +46,31 @@ _NO_RUN_FLAGS = {"-h", "--help", "--hydra-help", "--version", "-c", "--cfg", "-i
 
 
 # --- the job's side: starting a worker -------------------------------------------------------
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """SIGINT and SIGTERM blocked while the worker is made, so that it starts with them blocked (a
+    signal mask outlives fork and exec) and none reaches it before it ignores them."""
+    maker = os.getpid()
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        yield
+    finally:
+        if os.getpid() == maker:  # a forked worker keeps them blocked until it ignores them
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
+def _ignore_stops() -> None:
+    """A job stopped with its whole process tree (Slurm's scancel signals every process of a job, a
+    kill of a process group each member) took its worker with it, before the worker could open or
+    end the run. The worker ends when its job says so or dies (its input closes); SIGKILL stops it."""
+    for stop in _STOPS:
+        signal.signal(stop, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
 class Worker:
     """The job's handle on a tracking worker: a pipe for its messages, a pipe for its done line."""
 
@@ -57,8 +82,9 @@ class Worker:
     @classmethod
     def spawn(cls) -> "Worker":
         # A session of its own: Ctrl-C in the terminal goes to the job, which then ends the run.
-        proc = subprocess.Popen([sys.executable, "-m", "lsexp.tracking.worker"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, text=True, start_new_session=True)
+        with _stops_held():
+            proc = subprocess.Popen([sys.executable, "-m", "lsexp.tracking.worker"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, start_new_session=True)
         return cls(proc.pid, proc.stdin, proc.stdout, proc)
 
     @classmethod
@@ -70,7 +96,8 @@ class Worker:
             return cls.spawn()
         messages_r, messages_w = os.pipe()
         done_r, done_w = os.pipe()
-        pid = os.fork()
+        with _stops_held():
+            pid = os.fork()
         if pid == 0:
             try:
                 os.close(messages_w)  # or the job's death would never close the worker's input
@@ -304,6 +331,7 @@ def serve(lines) -> int:
 def main(lines: TextIO, done: TextIO, report_fd: Optional[int] = None) -> None:
     """Serve, say done on the done channel (and to the supervisor), and exit."""
     sys.stdout = sys.stderr  # the done channel carries the done line alone; a library's prints go to stderr
+    _ignore_stops()
     code = serve(lines)
     sys.stderr.flush()
     with contextlib.suppress(BrokenPipeError):  # a job that handed its run over may be gone

@@ -126,7 +126,7 @@ def failed(overrides: Sequence[str], error: BaseException):
 
 def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: float = 15.0) -> None:
     """End as KILLED the MLflow runs of jobs whose process was lost with their tracking worker (a
-    Slurm job is cancelled as a whole: its tracking worker gets the same SIGTERM as the job). A run
+    Slurm job killed outright: its tracking worker is killed with it). A run
     whose worker is alive ends on its own within the grace; only one still RUNNING after it is closed."""
     import logging
     import time

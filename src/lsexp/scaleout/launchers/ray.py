@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 from pathlib import Path
 from typing import List, Sequence
 
@@ -126,6 +127,7 @@ class RayLauncher(_PluginLauncher):
                         )
                     )
         except KeyboardInterrupt:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the cancelling short
             for ref in refs[len(results):]:
                 ray.cancel(ref)  # a KeyboardInterrupt in the job, which ends its run KILLED
             # Ray's shutdown at exit kills the workers with their children, tracking workers included:

@@ -8,13 +8,15 @@ needs of it.
   `scancel`, the OOM killer, a node failure) stays "UNKNOWN" to it, and its own launcher then waits
   for ever. Here a job that has left Slurm's queue without a result for LOST_AFTER_S seconds is
   failed, and the sweep goes on with the others.
-- Ctrl-C of the sweep cancels the jobs still queued or running (each ends its MLflow run KILLED).
+- Ctrl-C of the sweep cancels the jobs still queued or running (each ends its MLflow run KILLED), and
+  a second Ctrl-C does not cut the cancelling short.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import time
 from typing import Any, Dict, List, Optional, Sequence
@@ -113,14 +115,30 @@ class _Waiter:
                 if any(r is None for r in results):
                     time.sleep(_POLL_S)
         except KeyboardInterrupt:
-            for job, result in zip(jobs, results):
-                if result is None:
-                    try:
-                        job.cancel(check=False)
-                    except Exception:  # best effort: the sweep is being stopped
-                        pass
+            # A second Ctrl-C, or lsexp's supervisor passing on a SIGINT sent to the whole process
+            # group, must not cut the cancelling short: it once left all but the first job running.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self.cancel([job for job, result in zip(jobs, results) if result is None])
             raise
         return results  # type: ignore[return-value]
+
+    def cancel(self, jobs: List[Any]) -> None:
+        if self.executor != "slurm":
+            for job in jobs:
+                job.cancel(check=False)
+            return
+        ids = [job.job_id for job in jobs]
+        # A plain scancel sends a running job SIGTERM, which submitit ignores until lsexp's handler
+        # replaces its own: a job still starting up then ran to its end. SIGINT, Ctrl-C, stops a job
+        # at any point (before lsexp's handler, as Python's KeyboardInterrupt). The pending jobs go
+        # first, as scancel retries a signal for seconds on a job it cannot alter yet, time in which
+        # one could start; a last plain scancel takes what is left, a job not in its step yet.
+        for command in (["scancel", "--state=PENDING", *ids], ["scancel", "--signal=INT", *ids],
+                        ["scancel", *ids]):
+            try:  # best effort, and quiet: scancel complains of the pending jobs it cannot signal
+                subprocess.run(command, capture_output=True, timeout=60)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
 
 
 class _Launcher(_plugin.BaseSubmititLauncher):
