@@ -55,16 +55,20 @@ def run(cfg: DictConfig) -> dict:
         previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt), signal.getsignal(signal.SIGINT)
     except ValueError:  # not the main thread (some launchers); Ctrl-C handling still applies
         previous = None
+    interrupted = False
     try:
         with decide(cfg, checked.strategy.optimizer_loss_scale, _parallel_jobs()) as decided:
             summary = _track_and_train(cfg, checked, decided, out_dir)
     except KeyboardInterrupt:  # the history is written and the MLflow run ended by now
+        interrupted = True
         # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
         print(f"lsexp: interrupted; the history so far is in {out_dir}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
-        # the handlers are the job's: a process that outlives it (a Ray worker) stops its own way
-        if previous is not None:
+        # The handlers are the job's: a process that outlives it (a Ray worker, whose handler is its
+        # own) stops its own way. A process that the interrupt ends keeps ignoring a second signal,
+        # which the default handler would turn into a death by SIGTERM instead of exit 130.
+        if previous is not None and not (interrupted and previous[0] in (signal.SIG_DFL, None)):
             signal.signal(signal.SIGTERM, previous[0])
             signal.signal(signal.SIGINT, previous[1])
     _report(summary, out_dir)
