@@ -4,6 +4,7 @@ the job folders before and after."""
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -39,6 +40,25 @@ def histories(root: Path) -> Dict[str, bytes]:
     return {p.parent.name.split("-", 1)[1]: p.read_bytes() for p in (root / "sweep").glob("*/history.csv")}
 
 
+def _job_started(root: Path, job: int) -> bool:
+    """Whether the job has opened its run: the job writes its config.yaml right after asking its tracking
+    worker to open the run, and then builds its network and step, which takes seconds. Its run's
+    appearance in the store is no such mark: the worker is niced, and on busy cores it opened job 3's
+    run only as the job was finishing."""
+    return any((root / "sweep").glob(f"{job}-*/config.yaml"))
+
+
+def _job_has_run(root: Path, job: int) -> bool:
+    """Whether the job's run is in the store, read from the SQLite file itself (milliseconds, where a new
+    MLflow client takes a second)."""
+    try:
+        with sqlite3.connect(f"file:{root / 'm.db'}?mode=ro", uri=True, timeout=5) as db:
+            found = db.execute("select 1 from tags where key = 'lsexp.job' and value = ?", (str(job),))
+            return found.fetchone() is not None
+    except sqlite3.OperationalError:  # locked by a writer
+        return False
+
+
 def _slurm_logs(root: Path) -> List[Path]:
     return sorted((root / "sweep" / ".submitit").glob("*/*_log.*"))
 
@@ -54,23 +74,29 @@ def _settled(uri: str, timeout: float) -> None:
 
 
 def interrupt(root: Path, args: Sequence[str], how: str, env=None) -> str:
-    """Start the sweep, and once job 3's run is in the store (60 steps take ~3 s, so it is building its
-    step or training) stop it: `SIGINT`, Ctrl-C, which the terminal sends to the whole group, or
-    `SIGKILL`, a lost machine: the command, its jobs and their tracking workers (in sessions of their
-    own, which end a job's run even when the job is killed outright) all at once, so nothing ends a run."""
+    """Start the sweep, and once job 3 has opened its run (it then builds its step for seconds) stop it:
+    `SIGINT`, Ctrl-C, which the terminal sends to the whole group, or `SIGKILL`, a lost machine: the
+    command, its jobs and their tracking workers (in sessions of their own, which end a job's run even
+    when the job is killed outright) all at once, so nothing ends a run. SIGKILL is for the basic
+    launcher, whose job is the command itself: it is held (SIGSTOP) until its worker has the run in
+    the store, which a niced worker on busy cores may take longer to do than the job takes to train."""
     uri = store(root, create=True)
     proc = subprocess.Popen([sys.executable, "-m", "lsexp", *args], cwd=root, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True,
                             env=dict(os.environ, **(env or {})))
     try:
         deadline = time.time() + 600
-        while not any(c.data.tags.get("lsexp.job") == "3" for c in family(uri)[1]):
+        while not _job_started(root, 3):
             assert time.time() < deadline, "job 3 opened no run"
             assert proc.poll() is None, proc.communicate()[0][-5000:]
-            time.sleep(0.05)
+            time.sleep(0.02)
         if how == "SIGINT":
             os.killpg(proc.pid, signal.SIGINT)
         else:
+            os.kill(proc.pid, signal.SIGSTOP)
+            while not _job_has_run(root, 3):
+                assert time.time() < deadline, "job 3's run never reached the store"
+                time.sleep(0.05)
             for pid in [proc.pid, *lsexp_processes_in(root)]:
                 os.kill(pid, signal.SIGKILL)
         output = proc.communicate(timeout=300)[0]
@@ -93,7 +119,7 @@ def check_interrupted(uri: str, how: str, output: str) -> Set[str]:
     left = {"KILLED"} if how == "SIGINT" else {"RUNNING"}
     assert set(status.values()) <= {"FINISHED"} | left, (status, output[-5000:])
     finished = {job for job, s in status.items() if s == "FINISHED"}
-    assert {"0", "1"} <= finished and "3" in status and "3" not in finished, status
+    assert {"0", "1"} <= finished and "3" in status and "3" not in finished, (status, output[-5000:])
     return finished
 
 
