@@ -88,30 +88,33 @@ def grouped_rows(groups: Sequence[Group], metrics: Sequence[str]) -> List[Dict]:
     return out
 
 
-def baseline_of(group: str, baseline: str) -> Optional[str]:
-    """The group `group` is paired with: its own choices with the baseline's put in their place. A
-    baseline that names every swept choice is one group for all; one that names some of them
-    (`loss_scale=none`) pairs each group with the one that differs from it in those alone, so that a
-    sweep over workloads pairs each workload's runs with that workload's baseline. None when the
-    group has not every key the baseline names."""
-    mine, theirs = overrides_dict(group.split()), overrides_dict(baseline.split())
-    if not theirs or not set(theirs) <= set(mine):
-        return None
-    mine.update(theirs)
-    return " ".join(f"{key}={value}" for key, value in mine.items())
+def pairing(names: Sequence[str], baseline: str) -> Dict[str, str]:
+    """Each group's baseline group, for the groups that have one other than themselves. A baseline that
+    is a group's name is every group's; one that names some swept choices (`loss_scale=none`) pairs
+    each group with the group that differs from it in those alone, so that a sweep over workloads
+    pairs each workload's runs with that workload's baseline. Empty: the baseline makes no pair."""
+    if baseline in names:
+        return {name: baseline for name in names if name != baseline}
+    theirs = overrides_dict(baseline.split())
+    out = {}
+    for name in names:
+        mine = overrides_dict(name.split())
+        if theirs and set(theirs) <= set(mine):
+            base = " ".join(f"{key}={theirs.get(key, value)}" for key, value in mine.items())
+            if base in names and base != name:
+                out[name] = base
+    return out
 
 
 def paired_rows(groups: Sequence[Group], baseline: str, metrics: Sequence[str]) -> List[Dict]:
-    """For each group but its baseline group (baseline_of): over the seeds both ran, the per-seed
+    """For each group that has a baseline group (pairing): over the seeds both ran, the per-seed
     difference from the baseline group (group minus baseline) of each metric, as n, mean, std and
     interval. Pairing by seed takes out what a seed does to every group alike (its initial weights,
     its data order)."""
     by_name = {g.name: g for g in groups}
     out = []
-    for group in groups:
-        base = by_name.get(baseline_of(group.name, baseline) or "")
-        if base is None or base is group:
-            continue
+    for name, base_name in pairing(list(by_name), baseline).items():
+        group, base = by_name[name], by_name[base_name]
         by_seed = dict(zip(base.seeds, base.rows))
         pairs = [(row, by_seed[seed]) for seed, row in zip(group.seeds, group.rows) if seed in by_seed]
         row = {"group": group.name, "baseline": base.name, "n_pairs": len(pairs),

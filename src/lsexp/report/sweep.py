@@ -9,10 +9,10 @@ from lsexp.figures import axes, draw, pyplot, write_table
 from lsexp.report.groups import (
     METRICS,
     TELEMETRY_METRICS,
-    baseline_of,
     group_runs,
     grouped_rows,
     paired_rows,
+    pairing,
 )
 from lsexp.tracking.resume import JOB_TAG, child_runs
 
@@ -53,9 +53,10 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
     group_names = [c.data.tags.get("lsexp.group") or label for c, label in zip(children, names)]
     seeds = [c.data.tags.get("lsexp.seed", "") for c in children]
     grouped = len(set(group_names)) < len(children)
-    if baseline is not None and not any(baseline_of(g, baseline) in group_names for g in group_names):
-        raise LookupError(f"baseline {baseline!r} is not one of this sweep's groups, nor some of their "
-                          "choices: " + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
+    if baseline is not None and not pairing(list(dict.fromkeys(group_names)), baseline):
+        raise LookupError(f"baseline {baseline!r} pairs no group of this sweep with another; name one of "
+                          "its groups, or some of their choices: "
+                          + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
     out.mkdir(parents=True, exist_ok=True)
     telemetry = any("underflow_fraction" in c.data.metrics for c in children)
     columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
