@@ -1,6 +1,6 @@
 """The seed's default run through lsexp against a hand-written MindSpore loop doing the same work.
 
-    python benchmarks/handwritten_loop.py [pairs]                (10 by default)
+    python benchmarks/handwritten_loop.py [pairs] [overrides]    (10 by default)
     python benchmarks/handwritten_loop.py --processes [pairs]
 
 The hand-written loop is what a user would type from MindSpore's docs: the seed's LeNet5, N(0,1)
@@ -111,13 +111,13 @@ def one_process(variant: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["ms_per_step"]
 
 
-def main(pairs: int) -> None:
+def main(pairs: int, overrides=()) -> None:
     ms_per_step = {"lsexp": [], "handwritten": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):  # one process, alternating: both meet the same machine state
-            ms_per_step["lsexp"].append(lsexp_loop(Path(tmp), i))
+            ms_per_step["lsexp"].append(lsexp_loop(Path(tmp), i, *overrides))
             ms_per_step["handwritten"].append(handwritten())
-    report(ms_per_step, "lsexp / hand-written", "the default run")
+    report(ms_per_step, "lsexp / hand-written", " ".join(overrides) or "the default run")
 
 
 if __name__ == "__main__":
@@ -136,5 +136,5 @@ if __name__ == "__main__":
                 ms_per_step[variant].append(one_process(variant))
         report(ms_per_step, "lsexp / hand-written", "each in its own process; the hand-written loop with no "
                "ONEDNN_MAX_CPU_ISA, lsexp with its default")
-    else:
-        main(int(args[0]) if args else 10)
+    else:  # [pairs] [overrides ...], e.g. telemetry.locate=false for the step without taps
+        main(int(args[0]) if args else 10, args[1:])

@@ -65,7 +65,7 @@ def _steps(tmp: Path, stack: contextlib.ExitStack, order, common, strategy=None)
             batches = list(data.batches(cfg.dataset, 0, 0))
         out = tmp / name
         out.mkdir()
-        _, cell = build(cfg, checked.strategy, decided, target, out, last_step=10**6)
+        _, cell, _ = build(cfg, checked.strategy, decided, target, out, last_step=10**6)
         for x, y in batches[:2]:  # compile
             cell(x, y).asnumpy()
         cells[name] = cell

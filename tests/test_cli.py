@@ -16,9 +16,11 @@ def test_default_command_writes_history_and_summary(tmp_path):
     assert out.returncode == 0, out.stderr
     (run_dir,) = [p.parent for p in tmp_path.glob("outputs/*/*/history.csv")]
     header = (run_dir / "history.csv").read_text().splitlines()[0]
-    assert header == "step,epoch,loss,loss_scale,overflow,skipped_steps,lr"
+    assert header == ("step,epoch,loss,loss_scale,overflow,skipped_steps,lr,"
+                      "first_nonfinite_layer,first_nonfinite_pass")
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["status"] == "finished"
+    assert summary["first_nonfinite"] is None  # the locator is on, and O0 at a scale of 1 does not overflow
     console = out.stdout + out.stderr
     assert "lenet5-synthetic-O0-fixed_drop: 3 steps" in console  # the closing summary line
     assert "amp.level=O0 computes in float32" in console

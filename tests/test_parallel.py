@@ -111,6 +111,51 @@ def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_
 
 
 @pytest.mark.msrun
+def test_under_data_parallel_the_first_nonfinite_names_the_layer_pass_and_rank(tmp_path):
+    out, uri, run_dir = _lsexp(tmp_path, "loss_scale=dynamic", "loss_scale.init_loss_scale=1024",
+                               "inject.layer=fc2", "inject.pass=backward", "inject.overflow_steps=[3]",
+                               "inject.rank=0", "train.max_steps=5")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    first = summary["first_nonfinite"]
+    assert (first["step"], first["layer"], first["pass"], first["rank"]) == (3, "fc2", "backward", 0)
+    rows = read_history(run_dir / "history.csv")
+    assert [r["overflow"] for r in rows] == [0, 0, 1, 0, 0]
+    assert [(r["first_nonfinite_layer"], r["first_nonfinite_pass"]) for r in rows] == [
+        ("", ""), ("", ""), ("fc2", "backward"), ("", ""), ("", "")]
+    assert summary["ranks_identical"] is True
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    assert run.data.tags["lsexp.first_nonfinite"] == "fc2/backward@3"
+
+
+GPT_SMALL = ["workload=gpt_python", "dataset.max_bytes=200000", "dataset.seq_len=32", "dataset.batch_size=8",
+             "train.max_steps=6"]
+
+
+@pytest.mark.msrun
+def test_gpt_under_data_parallel_counts_every_ranks_tokens_and_keeps_the_float32_control(tmp_path):
+    # At O2 with a dynamic scale both ranks step alike; at O0 the mean over 2^20 tokens, whose batch is
+    # both ranks' (2 x 8 x 32 tokens), gives the history of the run without the key.
+    trained, uri, run_dir = _lsexp(tmp_path, *GPT_SMALL, "loss_scale=dynamic", "telemetry=layers", name="o2")
+    assert trained.returncode == 0, trained.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks_identical"] is True and summary["world_size"] == 2 and summary["steps"] == 6
+    assert {"blocks.0", "blocks.1"} <= set(summary["layers"])
+    keyed, _, with_key = _lsexp(tmp_path, *GPT_SMALL, "amp=O0", "loss_scale=none",
+                                "train.mean_over_tokens=1048576", name="keyed")
+    assert keyed.returncode == 0, keyed.stderr
+    plain, _, without = _lsexp(tmp_path, *GPT_SMALL, "amp=O0", "loss_scale=none", name="plain")
+    assert plain.returncode == 0, plain.stderr
+    assert read_history(with_key / "history.csv") == read_history(without / "history.csv")
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
+    (run,) = [r for r in runs if r.data.params.get("train.mean_over_tokens") == "1048576"]
+    assert float(run.data.params["train.gradient_divisor"]) == 2 ** 20 / (2 * 8 * 32)
+    assert json.loads((with_key / "summary.json").read_text())["ranks_identical"] is True
+
+
+@pytest.mark.msrun
 def test_the_functional_engine_and_hysteresis_decide_alike_on_every_rank(tmp_path):
     # Rank 1's two overflows reach rank 0 through the reducer: both skip both steps, and hysteresis 2
     # backs off only after the second, on both ranks.

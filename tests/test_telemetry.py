@@ -87,16 +87,24 @@ def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
-    out = run_cli("telemetry=grads", "amp=O2", "loss_scale=dynamic", "train.max_steps=5",
+    out = run_cli("telemetry=grads_layers", "amp=O2", "loss_scale=dynamic", "train.max_steps=12",
                   f"tracking.uri={uri}", "train.progress=false", cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
-    for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2"):
-        assert len(client.get_metric_history(run.info.run_id, key)) == 5, key
+    for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2",
+                "layer_underflow_fraction_max", "layer_zero_fraction_max", "layer_overflow_fraction_max",
+                "layer_grad_amax_min_log2"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 12, key
     names = {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")}
+    # the histogram's PNG drawn by the tracking worker, from the CSVs the job wrote
     assert names == {"telemetry/grad_layers.csv", "telemetry/grad_hist_step1.csv",
-                     "telemetry/grad_hist_step1.png"}
+                     "telemetry/grad_hist_step1.png", "telemetry/layers.csv", "telemetry/layers.png"}
+    # telemetry=layers' per-layer means, which the sweep comparison takes as columns, and the locator's tag:
+    # LeNet5's default dynamic scale of 2^24 overflows float16 where the loss gradient enters fc3
+    assert {k for k in run.data.metrics if k.startswith("layer.fc1.")} >= {"layer.fc1.underflow_fraction",
+                                                                           "layer.fc1.zero_fraction"}
+    assert run.data.tags["lsexp.first_nonfinite"] == "fc3/backward@1"
 
 
 def test_histogram_steps_outside_the_run_are_refused(tmp_path):

@@ -180,6 +180,10 @@ def _report(summary: dict, out_dir: Path) -> None:
     else:
         state = f"final loss {summary['final_loss']:.4f}"
     accuracy = f", eval accuracy {summary['eval_accuracy']:.3f}" if "eval_accuracy" in summary else ""
+    first = summary.get("first_nonfinite")
+    if first:
+        accuracy += (f", first inf/NaN in {first['layer']} ({first['pass']}) at step {first['step']}"
+                     if first.get("layer") else f", first inf/NaN at step {first['step']} in no tapped layer")
     log.info(
         "%s: %d steps, %s, final scale %g, %d overflow(s), %d skipped update(s)%s, %.1f steps/s -> %s",
         summary["run_name"],

@@ -1,5 +1,5 @@
-"""The `lsexp` command. `lsexp report ...` and `lsexp server ...` skip Hydra and MindSpore; anything
-else is a Hydra run."""
+"""The `lsexp` command. `lsexp report ...` and `lsexp server ...` skip Hydra and MindSpore, `lsexp layers
+...` composes a config and builds its network; anything else is a Hydra run."""
 
 import sys
 
@@ -13,6 +13,10 @@ def main() -> None:
         from lsexp.server import main as server
 
         sys.exit(server(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "layers":
+        from lsexp.layers import main as layers
+
+        sys.exit(layers(sys.argv[2:]))
     from lsexp.tracking import worker as tracking_worker
 
     if tracking_worker.wanted(sys.argv[1:]):

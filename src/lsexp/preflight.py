@@ -22,12 +22,13 @@ from omegaconf.errors import OmegaConfBaseException
 from lsexp import schedules, strategies
 from lsexp.config import families, hydra_errors
 from lsexp.config.errors import ConfigError
-from lsexp.config.facts import known_num_train, total_steps, world_size
+from lsexp.config.facts import batch_tokens, known_num_train, total_steps, world_size
 from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, ON_SKIP, PARALLEL_MODES
 from lsexp.report import studies
 from lsexp.runtime.device import device_problems
 from lsexp.scaleout import launchers
 from lsexp.strategies import Strategy, finite_positive
+from lsexp.taps import PASSES
 from lsexp.tracking.uri import redact
 
 
@@ -77,6 +78,7 @@ def validate(cfg: DictConfig) -> Strategy:
             f"inject.rank={cfg.inject.rank}: there are ranks 0..{world_size(cfg) - 1}; "
             f"use one of them, or null for every rank"
         )
+    p += _inject_problems(cfg)
     if cfg.study is not None:
         if cfg.study not in studies.available():
             p.append(f"study={cfg.study}: no such study; use one of {', '.join(studies.available())} or null")
@@ -87,6 +89,8 @@ def validate(cfg: DictConfig) -> Strategy:
         p.append(f"dataset.batch_size={d.batch_size}: must be >= 1; e.g. 32")
     workload = _workload_problems(cfg) if d.batch_size >= 1 else []
     p += workload
+    if d.batch_size >= 1:
+        p += _token_problems(cfg)
 
     t = cfg.train
     if t.epochs < 1:
@@ -126,6 +130,49 @@ def validate(cfg: DictConfig) -> Strategy:
     if p:
         raise ConfigError(p)
     return strategy
+
+
+def _inject_problems(cfg: DictConfig) -> List[str]:
+    """inject.layer's and telemetry.layers' keys, as far as the model's layers are not needed."""
+    i, p = cfg.inject, []
+    k = cfg.train.accumulate_steps
+    if i["pass"] not in PASSES:
+        p.append(f"inject.pass={i['pass']}: use forward (the layer's output) or backward (the gradient "
+                 f"flowing into it)")
+    if i.layer is not None:
+        if not i.overflow_steps:
+            p.append(f"inject.layer={i.layer} without inject.overflow_steps: name the steps to poison, "
+                     f"e.g. inject.overflow_steps=[7]")
+        if k > 1:
+            p.append(f"inject.layer={i.layer} with train.accumulate_steps={k}: injection at a layer counts "
+                     f"optimizer steps, not micro-batches; set train.accumulate_steps=1 or drop inject.layer")
+    asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
+                                (f"inject.layer={i.layer}", i.layer is not None)) if on]
+    if asks and cfg.train.mode != "graph":
+        p.append(f"{' and '.join(asks)} with train.mode={cfg.train.mode}: the taps are in the compiled step; "
+                 f"set train.mode=graph")
+    if cfg.telemetry.layers and k > 1:
+        p.append(f"telemetry.layers=true with train.accumulate_steps={k}: the taps measure one micro-batch; "
+                 f"set train.accumulate_steps=1 or use telemetry=grads")
+    return p
+
+
+def tap_problems(cfg: DictConfig, net) -> List[str]:
+    """inject.layer and telemetry.layers against the network's layers (lsexp.taps.layers)."""
+    from lsexp.taps.layers import NoLayers, layer_names
+
+    asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
+                                (f"inject.layer={cfg.inject.layer}", cfg.inject.layer is not None)) if on]
+    if not asks:
+        return []
+    try:
+        names = layer_names(net)
+    except NoLayers as err:
+        return [f"{' and '.join(asks)} with model._target_={cfg.model._target_}: {err}"]
+    if cfg.inject.layer is not None and cfg.inject.layer not in names:
+        return [f"inject.layer={cfg.inject.layer}: model._target_={cfg.model._target_} has no such layer; "
+                f"use one of {', '.join(names)} (lsexp layers lists them)"]
+    return []
 
 
 def step_problems(cfg: DictConfig, num_train: int) -> List[str]:
@@ -176,6 +223,30 @@ def _recipe_problems(cfg: DictConfig) -> List[str]:
         if ls.get(key) is not None and ls[key] < (0 if key == "warmup_steps" else 1):
             p.append(f"lr_schedule.{key}={ls[key]}: must be >= {0 if key == 'warmup_steps' else 1}, "
                      f"or null for the default")
+    return p
+
+
+def _token_problems(cfg: DictConfig) -> List[str]:
+    """train.mean_over_tokens: a token count no smaller than the step's own, with an optimizer whose float32
+    update a correction keeps (lsexp.optimizers.divisor_correction)."""
+    from lsexp.optimizers import divisor_correction
+
+    n = cfg.train.get("mean_over_tokens")
+    if n is None:
+        return []
+    own = batch_tokens(cfg)
+    if n < own:
+        return [f"train.mean_over_tokens={n}: below the {own} tokens a step already averages (world size x "
+                f"train.accumulate_steps x dataset.batch_size, x dataset.seq_len for a language model); use "
+                f">= {own}, or null for the batch's own count"]
+    p = []
+    if divisor_correction(cfg.optimizer) is None:
+        p.append(f"train.mean_over_tokens={n} with optimizer._target_={cfg.optimizer._target_}: no "
+                 f"correction keeps its float32 update unchanged; use optimizer=adamw, adam, momentum or "
+                 f"sgd, or train.mean_over_tokens=null")
+    if cfg.optimizer.clip_grad_norm is not None:
+        p.append(f"train.mean_over_tokens={n} with optimizer.clip_grad_norm={cfg.optimizer.clip_grad_norm}: "
+                 f"the clip would see the smaller gradients; set optimizer.clip_grad_norm=null")
     return p
 
 
@@ -271,12 +342,16 @@ def check(cfg: DictConfig) -> Checked:
         refusal = bfloat16_refusal(cfg)
         if refusal:
             raise ConfigError([refusal])
-    if (
-        families.of("model", cfg.model._target_) is None
-        or families.of("dataset", cfg.dataset._target_) is None
-    ):
-        return Checked(strategy, trace_shapes(cfg, strategy))
-    return Checked(strategy)
+    own = (families.of("model", cfg.model._target_) is None
+           or families.of("dataset", cfg.dataset._target_) is None)
+    probed = trace_shapes(cfg, strategy) if own else None
+    if cfg.telemetry.layers or cfg.inject.layer is not None:  # the model's layers, from the network itself
+        from lsexp.training.build import network
+
+        problems = tap_problems(cfg, probed[1] if probed else network(cfg))
+        if problems:
+            raise ConfigError(problems)
+    return Checked(strategy, probed)
 
 
 _single_run: Optional[Checked] = None  # what on_run_start checked, for the run that follows it

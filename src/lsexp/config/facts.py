@@ -18,6 +18,20 @@ def step_batch(cfg: DictConfig) -> int:
     return cfg.dataset.batch_size * cfg.train.accumulate_steps
 
 
+def batch_tokens(cfg: DictConfig) -> int:
+    """The tokens whose losses an optimizer step's gradient averages, across the world's ranks: a language
+    model's positions (dataset.task=lm), else one per sample."""
+    per_sample = cfg.dataset.seq_len if cfg.dataset.get("task") == "lm" else 1
+    return step_batch(cfg) * world_size(cfg) * per_sample
+
+
+def gradient_divisor(cfg: DictConfig) -> float:
+    """train.mean_over_tokens / batch_tokens: how much smaller the gradients are than the batch's mean
+    makes them (1 without the key)."""
+    tokens = cfg.train.get("mean_over_tokens")
+    return 1.0 if tokens is None else float(tokens) / batch_tokens(cfg)
+
+
 def steps_per_epoch(cfg: DictConfig, num_train: int) -> int:
     """Each of the world's ranks takes its own step batch (step_batch) at every optimizer step."""
     b = step_batch(cfg) * world_size(cfg)

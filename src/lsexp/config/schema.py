@@ -183,18 +183,45 @@ class TrainConfig:
     # A dynamic strategy whose scale sits at its floor and overflows this many steps in a row stops
     # early with collapsed: true (null: never).
     collapse_patience: Optional[int] = 20
+    # The loss's gradients as a mean over this many tokens (a language model's positions, a classifier's
+    # samples) make them, instead of the batch's own count: each token's gradient is where a batch of N
+    # tokens puts it. The loss reported is still the batch's mean, and the optimizer is corrected so that
+    # float32 trains as without the key (docs/mean_over_tokens.md). null: the batch's own count.
+    mean_over_tokens: Optional[int] = None
 
 
 @dataclass
 class TelemetryConfig:
     grads: bool = False  # per-step gradient norm and float16 underflow/overflow/zero fractions, in the step
     histogram_steps: List[int] = field(default_factory=list)  # log2|g| histograms and per-layer breakdown
+    # per tapped layer and step (lsexp.taps): the forward output's amax, the activation gradient's amax and
+    # its float16 underflow, zero and overflow fractions; telemetry/layers.csv and layers.png
+    layers: bool = False
+    # on a step whose gradients are non-finite, replay it through the taps and name the layer and pass
+    # where the first inf or NaN arose (history.csv, summary.json, the lsexp.first_nonfinite tag)
+    locate: bool = True
 
 
-@dataclass
-class InjectConfig:
-    overflow_steps: List[int] = field(default_factory=list)
-    rank: Optional[int] = None  # with parallel=data: the one rank whose gradients are poisoned (None: all)
+def _inject_init(self, **values):
+    defaults = {"overflow_steps": [], "rank": None, "layer": None, "pass": "forward"}
+    for name, value in {**defaults, **values}.items():
+        setattr(self, name, value)
+
+
+# `pass` is a Python keyword, which a dataclass's generated methods cannot name: this one is built with an
+# __init__ of its own.
+InjectConfig = dataclass(init=False, repr=False, eq=False)(type("InjectConfig", (), {
+    "__init__": _inject_init,
+    "__module__": __name__,
+    "__doc__": "inject.overflow_steps poisons the weight gradients after backprop, or with inject.layer the "
+               "tapped layer's output (pass=forward) or the gradient flowing into it (pass=backward).",
+    "__annotations__": {"overflow_steps": List[int], "rank": Optional[int], "layer": Optional[str],
+                        "pass": str},
+    "overflow_steps": field(default_factory=list),
+    "rank": None,  # with parallel=data: the one rank whose gradients are poisoned (None: all)
+    "layer": None,  # a name `lsexp layers` prints
+    "pass": "forward",
+}))
 
 
 @dataclass

@@ -28,11 +28,14 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
     def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
-                 micro_batch=0, measure_amax=False):
+                 native_check=False, telemetry=False, histogram=False, inject_graph=False,
+                 accumulate_steps=1,
+                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
+        self._init_taps(probes, layer_factor, keep_weights=False)  # an overflowed update is not applied
+        self._init_snapshot(histogram)
         self._init_recipe(recipe, measure_amax)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
@@ -53,6 +56,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     def construct(self, *inputs):
         # The body of TrainOneStepWithLossScaleCell.construct, plus injection, the recipe and stats.
         lr = self._lr()
+        inputs = self._begin(inputs)
         scaling_sens = self.scale_sense
         loss = self.network(*inputs) if self.k == 1 else scaling_sens
         status, scaling_sens = self.start_overflow_check(loss, scaling_sens)
@@ -63,10 +67,11 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
             scale_used = ops.assign(self.scale_used, scaling_sens)
         if self.k == 1:
             scaling_sens_filled = ops.ones_like(loss) * ops.cast(scaling_sens, ops.dtype(loss))
-            grads = self.grad(self.network, self.weights)(*inputs, scaling_sens_filled)
+            grads = self.grad(self.network, self.grad_params)(*inputs, scaling_sens_filled)
         else:
             loss, grads = self._accumulate(inputs, scaling_sens)
-        telemetry = self._grad_telemetry(grads, scale_used) if self.telemetry else []
+        grads, layers = self._split(grads)
+        telemetry, loss = self._observe(grads, scale_used, loss)
         if not self.clip:  # with clipping, the unscale is the clip's multiply, after the check
             grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
@@ -94,7 +99,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + amax + clip)
+        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + amax + clip, layers)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -104,11 +109,14 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     the overflow flag is only recorded."""
 
     def __init__(self, network, optimizer, sens, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
-                 micro_batch=0):
+                 native_check=False, telemetry=False, histogram=False, inject_graph=False,
+                 accumulate_steps=1,
+                 micro_batch=0, probes=(), layer_factor=None, keep_weights=False):
         super().__init__(network, optimizer, sens)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
+        self._init_taps(probes, layer_factor, keep_weights)
+        self._init_snapshot(histogram)
         self._init_recipe(recipe)
         self.scale = Tensor(sens, mstype.float32)
         # the optimizer takes no loss_scale: the step takes the scale off the gradients first
@@ -120,18 +128,22 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
 
     def _micro_step(self, sens, *inputs):
         loss = self.network(*inputs)
-        return loss, self.grad(self.network, self.weights)(*inputs, ops.fill(loss.dtype, loss.shape, sens))
+        sens = ops.fill(loss.dtype, loss.shape, sens)
+        return loss, self.grad(self.network, self.grad_params)(*inputs, sens)
 
     def construct(self, *inputs):
         lr = self._lr()
+        inputs = self._begin(inputs)
         if self.k == 1:
             loss, grads = self._micro_step(self.sens, *inputs)
         else:
             loss, grads = self._accumulate(inputs, self.sens)
-        telemetry = self._grad_telemetry(grads, self.scale) if self.telemetry else []
+        grads, layers = self._split(grads)
+        telemetry, loss = self._observe(grads, self.scale, loss)
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         overflow = ops.logical_not(all_finite(grads))
+        loss = self._keep_weights(overflow, loss)
         clip = []
         if self.clip:  # of the unscaled gradients; the factor also unscales them when the optimizer does not
             norm, factor = self._clip(grads, self.scale, self.divide)
@@ -143,14 +155,16 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, telemetry + clip)
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, telemetry + clip, layers)
 
 
 def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool, rank: int = 0, recipe: Recipe = Recipe()) -> nn.Cell:
+                     native_check: bool, rank: int = 0, recipe: Recipe = Recipe(), probes=(),
+                     layer_factor=None, keep_weights=False) -> nn.Cell:
     """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
     overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
-    kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe)
+    kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe, probes=probes,
+                  layer_factor=layer_factor, keep_weights=keep_weights)
     if not strategy.drops_overflow:
         return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(),

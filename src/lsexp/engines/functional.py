@@ -43,8 +43,9 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
 
     def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
-                 last_step=0, native_check=False, telemetry=False, inject_graph=False, accumulate_steps=1,
-                 micro_batch=0, measure_amax=False):
+                 last_step=0, native_check=False, telemetry=False, histogram=False, inject_graph=False,
+                 accumulate_steps=1,
+                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -55,6 +56,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
         self._init_recipe(recipe, measure_amax)
+        self._init_taps(probes, layer_factor, keep_weights and not drop_overflow_update)
+        self._init_snapshot(histogram)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
         self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
         # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
@@ -64,7 +67,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         # has_aux: the gradients are of the scaled loss; the loss itself is returned as it was
         # computed, so a scaled loss that overflows does not read as divergence.
-        self.grad_fn = ms.value_and_grad(self.forward, None, self.weights, has_aux=True)
+        self.grad_fn = ms.value_and_grad(self.forward, None, self.grad_params, has_aux=True)
 
     def scale_now(self) -> float:
         return 1.0 if self.scaler is None else float(self.scaler.scale_value.asnumpy())
@@ -81,11 +84,13 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     def construct(self, *inputs):
         scale = self.one if self.scaler is None else ops.assign(self.scale_used, self.scaler.scale_value)
         lr = self._lr()
+        inputs = self._begin(inputs)
         if self.k == 1:
             loss, grads = self._micro_step(scale, *inputs)
         else:
             loss, grads = self._accumulate(inputs, scale)
-        telemetry = self._grad_telemetry(grads, scale) if self.telemetry else []
+        grads, layers = self._split(grads)
+        telemetry, loss = self._observe(grads, scale, loss)
         grads = self._advance_and_inject(grads)
         grads = self.grad_reducer(grads)
         amax = []
@@ -109,6 +114,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             skipped = ops.logical_not(finite)
         else:
             # fixed_nodrop: the optimizer's own loss_scale unscales, or the step does for one without
+            loss = self._keep_weights(ops.logical_not(finite), loss)
             if self.clip:
                 norm, factor = self._clip(grads, scale, self.divide)
                 clip = [norm]
@@ -124,7 +130,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             loss = ops.depend(loss, self.scaler.adjust(finite))
         loss = self._schedule_moved(loss)
         return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr,
-                           telemetry + amax + clip)
+                           telemetry + amax + clip, layers)
 
 
 def build_train_step(
@@ -136,6 +142,9 @@ def build_train_step(
     native_check: bool,
     rank: int = 0,
     recipe: Recipe = Recipe(),
+    probes=(),
+    layer_factor=None,
+    keep_weights=False,
 ) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
     return FunctionalTrainStep(
@@ -145,5 +154,8 @@ def build_train_step(
         strategy.drops_overflow,
         recipe=recipe,
         measure_amax=strategy.measures_amax,
+        probes=probes,
+        layer_factor=layer_factor,
+        keep_weights=keep_weights,
         **injection(cfg, last_step, native_check, rank),
     )

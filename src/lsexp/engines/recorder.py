@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
-from mindspore import Parameter, Tensor, ops
+from mindspore import Parameter, ParameterTuple, Tensor, ops
 from mindspore import dtype as mstype
 
 from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, TELEMETRY
@@ -72,6 +72,46 @@ class StepRecorder:
         self.inf = Tensor(float("inf"), mstype.float32)
         self.one = Tensor(1.0, mstype.float32)
         self.zero = Tensor(0.0, mstype.float32)
+
+    def _init_taps(self, probes=(), layer_factor=None, keep_weights=False):
+        """lsexp.taps' side of the step. probes: the taps' probe Parameters, whose gradients, taken with the
+        weights', carry each layer's statistics out (telemetry=layers); they follow the step's other stats.
+        layer_factor: inject.layer's factor, set before the forward pass (the weight gradients are then
+        not poisoned). keep_weights: a step that applies every update keeps the weights it started from
+        when it overflows, so that the locator can replay it."""
+        self.n_weights = len(self.weights)
+        self.probes = len(probes)
+        self.grad_params = ParameterTuple(list(self.weights) + list(probes)) if probes else self.weights
+        self.layer_inject = layer_factor is not None
+        if self.layer_inject:
+            self.layer_factor = layer_factor
+            self.inject = False
+        self.keep = keep_weights
+        if keep_weights:
+            self.shadow = ParameterTuple([Parameter(Tensor(w.asnumpy()), name=f"lsexp_shadow.{w.name}",
+                                                    requires_grad=False) for w in self.weights])
+
+    def _begin(self, inputs):
+        """Before the forward pass: inject.layer's step counter and factor (the layer's tap reads it)."""
+        if self.layer_inject:
+            step = self.lsexp_step + 1
+            first = ops.depend(inputs[0], ops.assign(self.lsexp_step, step))
+            factor = ops.select(self.inject_table[step], self.inf, self.one)
+            first = ops.depend(first, ops.assign(self.layer_factor, factor))
+            return (first,) + inputs[1:]
+        return inputs
+
+    def _split(self, grads):
+        """(weight gradients, the probes' statistics as one vector or None)."""
+        if self.probes:
+            return grads[:self.n_weights], ops.concat(grads[self.n_weights:])
+        return grads, None
+
+    def _keep_weights(self, overflow, anchor):
+        if self.keep:
+            if overflow:
+                anchor = ops.depend(anchor, self.hyper_map(ops.assign, self.shadow, self.weights))
+        return anchor
 
     def _init_recipe(self, recipe: Recipe, measure_amax: bool = False):
         self.measure_amax = measure_amax
@@ -151,12 +191,29 @@ class StepRecorder:
             grads = self.hyper_map(ops.partial(_poison, factor), grads)
         return grads
 
-    def _grad_telemetry(self, scaled_grads, scale):
-        """The gradients as backprop computed them, scaled by `scale`: their unscaled global norm, the
-        fractions of elements that float16 would flush to zero, that overflow it, that are zero, and the
-        powers of two between the largest of them and float16's largest value.
-        At O2/O3 these are the gradients float16 layers produced; at O0 a what-if for float16."""
+    def _init_snapshot(self, histogram: bool):
+        """telemetry.histogram_steps: the step keeps its gradients, as backprop made them, flattened in a
+        Parameter the host reads after a histogram step (one device copy a step, no graph of its own)."""
+        self.snap = histogram
+        if histogram:
+            size = sum(int(np.prod(w.shape)) for w in self.weights)
+            self.grad_snapshot = Parameter(Tensor(np.zeros(size, np.float32)), name="lsexp_grad_snapshot",
+                                           requires_grad=False)
+
+    def _observe(self, scaled_grads, scale, loss):
+        """(telemetry.grads' statistics or [], loss ordered after the snapshot of histogram steps)."""
+        if not (self.telemetry or self.snap):
+            return [], loss
         flat = ops.concat(self.hyper_map(_flatten, scaled_grads))
+        if self.snap:
+            loss = ops.depend(loss, ops.assign(self.grad_snapshot, flat))
+        return (self._grad_telemetry(flat, scale) if self.telemetry else []), loss
+
+    def _grad_telemetry(self, flat, scale):
+        """The gradients as backprop computed them (flattened), scaled by `scale`: their unscaled global
+        norm, the fractions of elements that float16 would flush to zero, that overflow it, that are zero,
+        and the powers of two between the largest of them and float16's largest value.
+        At O2/O3 these are the gradients float16 layers produced; at O0 a what-if for float16."""
         size = ops.cast(ops.size(flat), mstype.float32)
         magnitude = ops.abs(flat)
         zero = ops.cast(magnitude == 0, mstype.float32).sum() / size
@@ -168,9 +225,9 @@ class StepRecorder:
         headroom = ops.log2(self.fp16_max / magnitude.max())
         return [norm, under, over, zero, headroom]
 
-    def _stats(self, loss, overflow, scale, skipped, params_finite, lr, extra=()):
+    def _stats(self, loss, overflow, scale, skipped, params_finite, lr, extra=(), layers=None):
         # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
-        return ops.stack(
+        stats = ops.stack(
             [
                 ops.cast(loss, mstype.float32).reshape(()),
                 ops.cast(overflow, mstype.float32),
@@ -181,6 +238,9 @@ class StepRecorder:
                 *extra,
             ]
         )
+        if layers is not None:  # the taps' statistics, last
+            stats = ops.concat((stats, layers))
+        return stats
 
 
 def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
@@ -195,6 +255,7 @@ def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
         last_step=last_step,
         native_check=native_check,
         telemetry=cfg.telemetry.grads,
+        histogram=bool(cfg.telemetry.histogram_steps),
         inject_graph=bool(steps),
         accumulate_steps=cfg.train.accumulate_steps,
         micro_batch=cfg.dataset.batch_size,

@@ -10,7 +10,7 @@ and its YAML under conf/optimizer/; nothing here names them.
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,10 +33,37 @@ def param_groups(params: List, weight_decay: float) -> List[dict]:
             {"order_params": params}]
 
 
-def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: float, device_target: str):
+def divisor_correction(cfg_optimizer: DictConfig) -> Optional[str]:
+    """How the optimizer's float32 update is kept unchanged when train.mean_over_tokens makes the gradients
+    K times smaller: "loss_scale" for a class that takes one (MindSpore multiplies the gradients by
+    1/loss_scale after adding weight_decay * loss_scale * w, so loss_scale / K gives back exactly the
+    gradients and decay of the batch's mean), the key its family names in MEAN_OVER_TOKENS (the Adam
+    family without a loss_scale: eps / K, as m / (sqrt(v) + eps) is then unchanged), or None: none."""
+    from lsexp.config import families
+
+    if divides_itself(cfg_optimizer):
+        return "loss_scale"
+    family = families.of("optimizer", cfg_optimizer._target_)
+    return getattr(family, "MEAN_OVER_TOKENS", None)
+
+
+def divisor_params(cfg: DictConfig) -> dict:
+    """train.mean_over_tokens' correction as the run's params: K, and the optimizer key divided by it."""
+    from lsexp.config.facts import gradient_divisor
+
+    if cfg.train.get("mean_over_tokens") is None:
+        return {}
+    k = gradient_divisor(cfg)
+    return {"train.gradient_divisor": f"{k:g}",
+            "train.optimizer_correction": f"optimizer.{divisor_correction(cfg.optimizer)} / {k:g}"}
+
+
+def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: float, device_target: str,
+          gradient_divisor: float = 1.0):
     """The optimizer over params at learning_rate (a float or a LearningRateSchedule), with loss_scale
     passed to a class that takes it; on a device target where the class has no kernel, the one its family
-    names in CLASS_ON (lamb on CPU)."""
+    names in CLASS_ON (lamb on CPU). gradient_divisor: train.mean_over_tokens' K, corrected for as
+    divisor_correction says."""
     from hydra.utils import get_class
 
     from lsexp.config import families
@@ -50,6 +77,9 @@ def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: fl
     kwargs["learning_rate"] = learning_rate
     if "loss_scale" in kwargs:
         kwargs["loss_scale"] = loss_scale
+    if gradient_divisor != 1.0:
+        key = divisor_correction(cfg_optimizer)
+        kwargs[key] = kwargs[key] / gradient_divisor
     if cfg_optimizer.decay_filter:
         params = param_groups(list(params), kwargs["weight_decay"])
     return get_class(target)(params, **kwargs)

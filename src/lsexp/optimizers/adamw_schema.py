@@ -13,5 +13,7 @@ from lsexp.optimizers.betas import problems  # noqa: F401  (this family's checks
 class AdamWeightDecayConfig(AdamFamilyConfig):
     _target_: str = "mindspore.nn.AdamWeightDecay"
 
+# train.mean_over_tokens: with gradients K times smaller, eps / K keeps m / (sqrt(v) + eps), the update
+MEAN_OVER_TOKENS = "eps"
 
 SCHEMA = AdamWeightDecayConfig

@@ -17,6 +17,9 @@ class LambConfig(AdamFamilyConfig):
     _target_: str = "mindspore.nn.Lamb"
 
 
+# No MEAN_OVER_TOKENS: the trust ratio's denominator takes eps inside the root (sqrt(v + eps)) and the
+# update outside it (sqrt(v) + eps), so with gradients K times smaller no one eps keeps both; lsexp
+# refuses train.mean_over_tokens with lamb (tests/test_mean_over_tokens.py).
 # device target -> the class built there instead of _target_'s, which has no kernel on it
 CLASS_ON = {"CPU": "lsexp.optimizers.lamb.CpuLamb"}
 SCHEMA = LambConfig

@@ -59,7 +59,9 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
                           + ", ".join(repr(g) for g in dict.fromkeys(group_names)))
     out.mkdir(parents=True, exist_ok=True)
     telemetry = any("underflow_fraction" in c.data.metrics for c in children)
-    columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ())
+    # telemetry=layers: each layer's means over its run (layer.<name>.<statistic>), in the runs' order
+    layer_means = tuple(dict.fromkeys(k for c in children for k in c.data.metrics if k.startswith("layer.")))
+    columns = TABLE_COLUMNS + (TELEMETRY_COLUMNS if telemetry else ()) + layer_means
     plt = pyplot()
     fig, ax_loss, ax_scale, *ax_under = axes(
         plt, f"sweep {client.get_run(parent_run_id).info.run_name}", telemetry
@@ -98,7 +100,8 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
                 "collapsed": child.data.tags.get("lsexp.collapsed", ""),
             }
         )
-        raw.append({k: m.get(k) for k in METRICS})
+        raw.append({k: m.get(k) for k in METRICS + layer_means})
+        rows[-1].update({k: num(m.get(k)) for k in layer_means})
         if telemetry:
             for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
                 series = _history(client, child.info.run_id, key)
@@ -115,7 +118,7 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
         ax_loss.legend(loc="best", fontsize=8)
     fig.savefig(out / "comparison.png", dpi=100)
     plt.close(fig)
-    metrics = METRICS + (TELEMETRY_METRICS if telemetry else ())
+    metrics = METRICS + (TELEMETRY_METRICS if telemetry else ()) + layer_means
     if grouped:
         for row, name, seed in zip(rows, group_names, seeds):
             row.update(group=name, seed=seed)

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lsexp.config.facts import dataset_name, model_name, run_name, world_size
 from lsexp.config.overrides import overrides_dict
+from lsexp.optimizers import divisor_params
 from lsexp.runtime import device
 from lsexp.tracking import protocol, resume
 from lsexp.tracking import worker as tracking_worker
@@ -63,6 +64,7 @@ def flat_params(cfg: DictConfig, decided=None) -> Dict[str, str]:
     if decided is not None:
         out.update({key: str(value) for key, value in decided.params().items()})
     out["world_size"] = str(world_size(cfg))  # the ranks that trained this run (data parallel), else 1
+    out.update(divisor_params(cfg))  # train.mean_over_tokens' correction of the optimizer
     return out
 
 

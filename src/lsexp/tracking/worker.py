@@ -205,7 +205,8 @@ class MlflowRun:
             Metric(key, float(value), now, row["step"])
             for row in rows
             for key, value in row.items()
-            if key not in ("step", "epoch", "skipped_steps")
+            # first_nonfinite_layer and _pass are words
+            if key not in ("step", "epoch", "skipped_steps") and not isinstance(value, str)
         ]
         # The UI charts metrics on a linear axis, where 128 vanishes beside 2^24: log2 separates them.
         metrics += [
@@ -250,6 +251,9 @@ class MlflowRun:
             ]
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
+            for layer, means in (summary.get("layers") or {}).items():  # telemetry=layers: per-layer means
+                metrics += [Metric(f"layer.{layer}.{key}", float(value), now, step)
+                            for key, value in (means or {}).items() if math.isfinite(value)]
             tags = [
                 RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
                 RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower()),
@@ -265,7 +269,19 @@ class MlflowRun:
             for name in ARTIFACTS:
                 if (out_dir / name).exists():
                     with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
-            for path in sorted(out_dir.glob("grad_*")):  # telemetry's histograms and per-layer breakdown
+            first = summary.get("first_nonfinite")
+            if first:
+                where = f"{first['layer']}/{first['pass']}" if first.get("layer") else first["pass"]
+                with_retry(self.client.set_tag, self.run_id, "lsexp.first_nonfinite",
+                           f"{where}@{first['step']}")
+            for path in sorted(out_dir.glob("grad_hist_step*.csv")):  # drawn here, beside the job's teardown
+                if not path.with_suffix(".png").exists():
+                    from lsexp.training.telemetry import draw_histogram
+
+                    draw_histogram(path)
+            layers = sorted(out_dir.glob("layers.*"))  # telemetry=layers' table and heat map
+            # telemetry's histograms and per-parameter breakdown, and the per-layer table
+            for path in sorted(out_dir.glob("grad_*")) + layers:
                 with_retry(self.client.log_artifact, self.run_id, str(path), "telemetry")
         finally:
             with_retry(self.client.set_terminated, self.run_id, status)

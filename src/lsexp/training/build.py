@@ -28,15 +28,25 @@ def network(cfg):
     return instantiate(cfg.model, _convert_="all")
 
 
+def loss(cfg):
+    """The loss every workload trains on, its gradients as train.mean_over_tokens makes them."""
+    from lsexp.config.facts import batch_tokens
+    from lsexp.models.loss import loss_cell
+
+    return loss_cell(batch_tokens(cfg), cfg.train.get("mean_over_tokens"))
+
+
 def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_target: str):
     """(optimizer, recipe): the optimizer group at the lr_schedule group's learning rate, with the
     loss_scale the strategy leaves the gradients scaled by where its class takes one, and what the train
     step does around its update."""
     from lsexp import optimizers, schedules
+    from lsexp.config.facts import gradient_divisor
     from lsexp.engines.recorder import Recipe
 
     learning_rate, advances = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
-    optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale, device_target)
+    optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale, device_target,
+                                 gradient_divisor(cfg))
     return optimizer, Recipe(clip_grad_norm=cfg.optimizer.clip_grad_norm,
                              optimizer_divides=optimizers.divides_itself(cfg.optimizer),
                              advance_schedule=advances)
@@ -45,26 +55,84 @@ def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_targe
 def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, rank: int = 0, net=None):
     """(network, train step): the network (or the one the shape probe built) in amp.level's precision,
     with the loss and the optimizer, in the train step that engine._target_ builds around the strategy."""
-    import mindspore as ms
     from hydra.utils import get_method
     from mindspore import nn
 
-    from lsexp.models.loss import SoftmaxCrossEntropy
-
     net = network(cfg) if net is None else net
-    dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
-    # O1 rewrites the network into Python source under ./rewritten_network, which graph mode
-    # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
-    with contextlib.chdir(out_dir):
-        net = ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
-    loss_net = nn.WithLossCell(net, SoftmaxCrossEntropy())
+    # the step's own network is tapped where the taps act or report in every step; the locator alone
+    # replays an overflowed step on a tapped copy (lsexp.taps.locate), so a clean run compiles no tap
+    layers = tapped_layers(cfg, net) if cfg.telemetry.layers or cfg.inject.get("layer") else {}
+    net = with_amp(cfg, net, out_dir)
+    taps, injection = None, None
+    if layers:  # after amp, so that the taps take no part in its casts
+        taps, injection = install_taps(cfg, net, layers)
+    loss_net = nn.WithLossCell(net, loss(cfg))
     optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step,
                                        target)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
     step_cell = build_train_step(cfg, strategy, loss_net, optimizer, last_step, native_check=target != "CPU",
-                                 rank=rank, recipe=recipe)
+                                 rank=rank, recipe=recipe,
+                                 probes=taps.probes(entry=False) if cfg.telemetry.layers else (),
+                                 layer_factor=None if injection is None else injection.factor,
+                                 keep_weights=locates(cfg))
     step_cell.set_train()
-    return net, step_cell
+    return net, step_cell, taps
+
+
+def with_amp(cfg, net, out_dir: Path):
+    import mindspore as ms
+
+    dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
+    # O1 rewrites the network into Python source under ./rewritten_network, which graph mode
+    # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
+    with contextlib.chdir(out_dir):
+        return ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+
+
+def locates(cfg) -> bool:
+    """telemetry.locate, in the compiled step (train.mode=graph) only."""
+    return cfg.train.mode == "graph" and bool(cfg.telemetry.locate)
+
+
+def tapped_layers(cfg, net) -> dict:
+    """{name: cell} of the layers the taps wrap, in execution order; empty when the network has no layers
+    and only the locator asks (it then locates nothing)."""
+    from lsexp.taps.layers import NoLayers, layer_names
+
+    try:
+        names = layer_names(net)
+    except NoLayers:
+        if cfg.telemetry.layers or cfg.inject.get("layer"):
+            raise  # preflight refuses these first, in one line
+        return {}
+    cells = dict(net.cells_and_names())
+    return {name: cells[name] for name in names}
+
+
+def install_taps(cfg, net, layers: dict):
+    """(Taps, the inject.layer transform or None), installed in `net` in place."""
+    from lsexp.taps.cells import LayerInjection, install
+
+    injection = None
+    if cfg.inject.get("layer"):
+        injection = LayerInjection(backward=cfg.inject["pass"] == "backward")
+    taps = install(net, list(layers), layers,
+                   lambda name: injection if name == cfg.inject.get("layer") else None)
+    return taps, injection
+
+
+def tapped_copy(cfg, out_dir: Path):
+    """The locator's loss network when the step's own is not tapped: the model built again, in amp.level's
+    precision, every layer tapped; or None when it has no layers. Its parameters have the step's names."""
+    from mindspore import nn
+
+    net = network(cfg)
+    layers = tapped_layers(cfg, net)
+    if not layers:
+        return None
+    net = with_amp(cfg, net, out_dir)
+    taps, _ = install_taps(cfg, net, layers)
+    return nn.WithLossCell(net, loss(cfg)), taps
 
 
 def bfloat16_refusal(cfg) -> Optional[str]:
@@ -74,7 +142,6 @@ def bfloat16_refusal(cfg) -> Optional[str]:
     instead of a kernel-selection traceback from the compiled step, and a study shows it in its row."""
     import mindspore as ms
 
-    from lsexp.models.loss import SoftmaxCrossEntropy
     from lsexp.runtime import device
 
     isa = device.onednn_isa(cfg.device)
@@ -84,7 +151,7 @@ def bfloat16_refusal(cfg) -> Optional[str]:
     x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
     with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # O1's rewritten source
         net = ms.amp.auto_mixed_precision(network(cfg), cfg.amp.level, dtype=ms.bfloat16)
-        loss_net = ms.nn.WithLossCell(net, SoftmaxCrossEntropy())
+        loss_net = ms.nn.WithLossCell(net, loss(cfg))
         try:
             ms.value_and_grad(loss_net, None, net.trainable_params())(x[:2], y[:2])
         except (TypeError, RuntimeError) as err:

@@ -8,6 +8,10 @@ from pathlib import Path
 from lsexp.config.errors import ConfigError
 
 CHECKPOINT = "checkpoint.ckpt"
+# rewritten every step, or before a replay, never read across steps: neither saved nor required on resume
+# (the taps' probes, the weights a no-drop step keeps for the locator, inject.layer's factor, the
+# gradients a histogram step keeps)
+SCRATCH = ("lsexp_scale_used", "lsexp_tap.", "lsexp_shadow.", "lsexp_inject_factor", "lsexp_grad_snapshot")
 
 
 def resume(step_cell, path: str, strategy, engine: str) -> tuple[int, int]:
@@ -16,7 +20,7 @@ def resume(step_cell, path: str, strategy, engine: str) -> tuple[int, int]:
 
     params = ms.load_checkpoint(path)
     missing, _ = ms.load_param_into_net(step_cell, params)
-    missing = [name for name in missing if name != "lsexp_scale_used"]  # scratch, rewritten every step
+    missing = [name for name in missing if not name.startswith(SCRATCH)]
     lost_state = [name for name in strategy.state_names(engine) if name in missing]
     if lost_state:
         raise ConfigError(
@@ -40,4 +44,5 @@ def save(step_cell, path: Path, step: int, skipped: int) -> None:
     import mindspore as ms
 
     step_cell.lsexp_step.set_data(ms.Tensor(step, ms.int32))
-    ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped})
+    ms.save_checkpoint(step_cell, str(path), append_dict={"lsexp_skipped_steps": skipped},
+                       choice_func=lambda name: not name.startswith(SCRATCH))

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 HISTORY_COLUMNS = ("step", "epoch", "loss", "loss_scale", "overflow", "skipped_steps")
-INTEGER_COLUMNS = ("step", "epoch", "overflow", "skipped_steps", "clipped")  # the rest are floats
+INTEGER_COLUMNS = ("step", "epoch", "overflow", "skipped_steps", "clipped")
+STRING_COLUMNS = ("first_nonfinite_layer", "first_nonfinite_pass")  # the rest are floats
 
 
 @dataclass
@@ -34,6 +35,7 @@ class History:
 def read_history(path: Path) -> List[Dict[str, float]]:
     with open(path, newline="") as f:
         return [
-            {k: int(v) if k in INTEGER_COLUMNS else float(v) for k, v in row.items()}
+            {k: int(v) if k in INTEGER_COLUMNS else v if k in STRING_COLUMNS else float(v)
+             for k, v in row.items()}
             for row in csv.DictReader(f)
         ]

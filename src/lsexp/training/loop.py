@@ -48,6 +48,10 @@ class _Run:
     clip_at: Optional[float] = None  # optimizer.clip_grad_norm, as float32, as the step compares it
     unmeasured: tuple = ()  # the columns an overflowed step has no value for: headroom_log2, grad_amax
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
+    layers: Any = None  # lsexp.taps.cells.Taps whose statistics the step reports (telemetry=layers)
+    layer_table: Any = None  # lsexp.training.telemetry.LayerTable: every step's rows for layers.csv
+    locator: Any = None  # lsexp.taps.locate.Locator: replays an overflowed step (telemetry.locate)
+    first_nonfinite: Optional[dict] = None
     step: int = 0
     diverged_at: Optional[int] = None
     epoch_seconds: List[float] = field(default_factory=list)
@@ -82,7 +86,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
     started = time.perf_counter()
     data, net = probed if probed is not None else (load_data(cfg), None)
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
-    net, step_cell = build(cfg, strategy, decided, target, out_dir, last, rank, net=net)
+    net, step_cell, taps = build(cfg, strategy, decided, target, out_dir, last, rank, net=net)
     done, skipped = checkpoint.resume(step_cell, cfg.train.resume, strategy, cfg.engine.name) \
         if cfg.train.resume else (0, 0)
     primary = rank == 0
@@ -91,7 +95,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
     if probe_steps and primary:
         from lsexp.training.telemetry import GradientProbe
 
-        probe = GradientProbe(step_cell.network, step_cell.weights, out_dir)
+        probe = GradientProbe(step_cell, out_dir, draw=cfg.tracking.backend != "mlflow")
     summary = {
         "run_name": run_name(cfg, strategy.name),
         "strategy": strategy.name,
@@ -127,7 +131,26 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         columns=step_cell.columns,
         clip_at=None if (clip := cfg.optimizer.clip_grad_norm) is None else float(np.float32(clip)),
         unmeasured=tuple(c for c in ("headroom_log2", "grad_amax") if c in step_cell.columns),
+        **_taps(cfg, taps, step_cell, primary, out_dir),
     )
+
+
+def _taps(cfg, taps, step_cell, primary: bool, out_dir: Path) -> dict:
+    """The run's side of lsexp.taps: the layer table of telemetry=layers, the locator of telemetry.locate
+    (on rank 0, which replays its own shard)."""
+    from lsexp.training.build import locates, tapped_copy
+
+    out: Dict[str, Any] = {}
+    if taps is not None and cfg.telemetry.layers:
+        from lsexp.training.telemetry import LayerTable
+
+        out.update(layers=taps, layer_table=LayerTable(taps.names))
+    if locates(cfg) and primary:
+        from lsexp.taps.locate import Locator
+
+        kept = list(zip(step_cell.weights, step_cell.shadow)) if step_cell.keep else []
+        out["locator"] = Locator(step_cell.network, taps, kept, lambda: tapped_copy(cfg, out_dir))
+    return out
 
 
 def _step_batches(cfg):
@@ -164,12 +187,12 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
     """One train step and its row; True when the run must stop (diverged or collapsed)."""
     run.step += 1
     step = run.step
-    if run.probe is not None and step in run.probe_steps:
-        run.probe.capture(step, x, y, run.step_cell.scale_now())
     values = run.step_cell(x, y).asnumpy().tolist()  # the step's one host sync
     if step == run.done + 1 and run.cpus:
         device.bind_threads(list(run.cpus))
     loss, overflow, scale, skip, params_finite = values[:5]
+    if run.probe is not None and step in run.probe_steps:  # the gradients this step kept
+        run.probe.capture(step, scale)
     run.skipped += int(skip)
     row = {
         "step": step,
@@ -179,12 +202,16 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         "overflow": int(overflow),
         "skipped_steps": run.skipped,
     }
-    row.update(zip(run.columns, values[5:]))  # lr, then telemetry's and clipping's norm
-    if run.clip_at is not None:  # the norm, last, above clip_norm on a step that updated: it clipped
-        row["clipped"] = int(not skip and values[-1] > run.clip_at)
+    row.update(zip(run.columns, values[5:5 + len(run.columns)]))  # lr, then telemetry's and clipping's norm
+    if run.clip_at is not None:  # the norm above clip_norm on a step that updated: it clipped
+        row["clipped"] = int(not skip and row["global_norm"] > run.clip_at)
     if overflow:  # no headroom and no amax on a step whose gradients overflowed
         for column in run.unmeasured:
             row[column] = math.nan
+    if run.layer_table is not None:  # the taps' statistics follow the rest
+        row.update(run.layer_table.add(step, scale, overflow, values[5 + len(run.columns):]))
+    if run.locator is not None:
+        row.update(_locate(run, step, x, y, scale) if overflow else _CLEAN)
     run.history.rows.append(row)
     run.progress.update(loss, scale)
     if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step
@@ -193,6 +220,27 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
         run.diverged_at = step
         return True
     return run.collapse.at(step, scale, overflow)
+
+
+_CLEAN = {"first_nonfinite_layer": "", "first_nonfinite_pass": ""}
+
+
+def _locate(run: _Run, step: int, x, y, scale: float) -> dict:
+    """The overflowed step replayed through the taps, micro-batch by micro-batch: where its first inf or
+    NaN arose, as history columns; the run's first is kept for the summary."""
+    found = None
+    b = run.cfg.dataset.batch_size
+    for i in range(run.cfg.train.accumulate_steps):
+        found = run.locator.locate(x[i * b:(i + 1) * b], y[i * b:(i + 1) * b], scale)
+        if found is not None:
+            break
+    if run.first_nonfinite is None:
+        run.first_nonfinite = {"step": step, **(found or {"layer": None, "pass": "unlocated"})}
+        if run.cfg.parallel.parallel_mode != "stand_alone":
+            run.first_nonfinite["rank"] = 0
+    if found is None:
+        return {"first_nonfinite_layer": "", "first_nonfinite_pass": "unlocated"}
+    return {"first_nonfinite_layer": found["layer"], "first_nonfinite_pass": found["pass"]}
 
 
 def _finish(run: _Run) -> None:
@@ -209,9 +257,15 @@ def _finish(run: _Run) -> None:
         summary["reference_loss"] = run.data.reference_loss
     if run.data.cache is not None:  # dataset.cache's choice: memory or stream
         summary["dataset_cache"] = run.data.cache
+    if run.locator is not None:
+        summary["first_nonfinite"] = run.first_nonfinite
+    if run.layer_table is not None:
+        summary["layers"] = run.layer_table.means()
     summary["wall_seconds"] = round(time.perf_counter() - run.started, 3)
     summary["steps_per_second"] = round((run.step - run.done) / loop_seconds, 3) if loop_seconds > 0 else None
     if run.primary:
+        if run.layer_table is not None:
+            run.layer_table.write(run.out_dir)
         run.history.write_csv(run.out_dir / "history.csv")
         (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _release_graphs()
