@@ -244,9 +244,14 @@ def test_every_study_composes_validates_and_names_its_report(study):
 
 
 def test_an_unknown_study_is_one_line_naming_the_choices():
-    with pytest.raises(ConfigError, match=r"study=nope: no such study; "
-                                          r"use one of dynamic_window, engines, none_vs_scaled"):
+    from lsexp.report import studies
+
+    with pytest.raises(ConfigError, match=r"study=nope: no such study; use one of ") as err:
         validate(compose_cfg("study=nope"))
+    named = str(err.value).split("use one of ", 1)[1]
+    assert "\n" not in named and named.endswith(" or null")
+    assert named.removesuffix(" or null").split(", ") == sorted(studies.available())
+    assert {"dynamic_window", "engines", "large_batch", "none_vs_scaled"} <= set(studies.available())
 
 
 def test_an_experiment_sets_plain_keys_of_the_primary_config_too():
