@@ -1,0 +1,219 @@
+"""The recipes as cells: which tensors of each matrix product are quantised, to which format, with which
+scale. Each Dense and Conv2d of the network is wrapped (QuantizedProduct) so that its input and weight are
+quantised on the way in, as Transformer Engine's te.Linear quantises them, and the gradient flowing back
+into its product on the way out; the product itself runs, on the dequantised values, in amp's type.
+Attention's batched products stay in amp's type, as with TE's default (fp8_dpa=False).
+
+A quantiser is straight-through: the gradient passes it unchanged, so that the product's backward sees
+the quantised copies it computed with, as TE's saved FP8 tensors are.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List
+
+from mindspore import Tensor, nn, ops
+from mindspore import dtype as mstype
+
+from lsexp.formats import FORMATS, cast
+
+FLT_MAX = 3.4028234663852886e38
+# (forward format, backward format) of TE's recipe.Format, and HiFloat8 both ways
+FORMAT_PAIRS = {"HYBRID": ("e4m3", "e5m2"), "E4M3": ("e4m3", "e4m3"), "E5M2": ("e5m2", "e5m2"),
+                "HIF8": ("hif8", "hif8")}
+PRODUCTS = (nn.Dense, nn.Conv2d)
+# cells that read their Dense's Parameters into one functional call instead of calling it: MindSpore's
+# MultiheadAttention (its projections stay in amp's type, with its batched products)
+READS_PARAMETERS = (nn.MultiheadAttention,)
+
+
+def amax(x):
+    """max |x| in float32, a NaN counted as inf (MindSpore's CPU max skips a NaN)."""
+    return ops.nan_to_num(ops.abs(ops.cast(x, mstype.float32)), nan=float("inf"), posinf=float("inf")).max()
+
+
+def current_scale(a, fmt_max):
+    """Float8CurrentScaling's scale from this tensor's amax: fmt_max / amax; 1 for a zero or non-finite
+    amax, and float32's largest for an infinite quotient. fmt_max is a float32 Tensor: MindSpore divides
+    a Python float by a tensor as a product with the reciprocal, an ulp off the quotient."""
+    s = fmt_max / ops.maximum(a, 2.0**-126)
+    s = ops.where((a > 0) & (a < float("inf")), s, 1.0)
+    return ops.minimum(s, FLT_MAX)
+
+
+class ScaledCast(nn.Cell):
+    """x * scale cast to the format with saturation (TE's casts saturate), times 1 / scale: the value the
+    product computes with."""
+
+    def __init__(self, fmt_name: str):
+        super().__init__()
+        self.cast = cast.FormatCast(FORMATS[fmt_name], saturate=True)
+
+    def construct(self, x, scale):
+        dtype = x.dtype
+        x = ops.cast(x, mstype.float32)
+        return ops.cast(self.cast(x * scale) * (1.0 / scale), dtype)
+
+
+class Quantizer(nn.Cell):
+    """Forward: the tensor as the recipe quantises it, with `scale` (MX: its own block scales).
+    Backward: straight through."""
+
+    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even"):
+        super().__init__()
+        self.mx = recipe == "mx"
+        if self.mx:
+            self.cast = cast.MXCast(FORMATS[fmt_name], block, rounding)
+        else:
+            self.cast = ScaledCast(fmt_name)
+
+    def construct(self, x, scale):
+        if self.mx:
+            return self.cast(x)
+        return self.cast(x, scale)
+
+    def bprop(self, x, scale, out, dout):
+        return dout, ops.zeros_like(scale)
+
+
+class GradientQuantizer(nn.Cell):
+    """Forward: the identity. Backward: the gradient flowing into the product's output, quantised with
+    its current scale (or MX blocks), as the backward products receive it. The loss scale is in it: the
+    eight-bit scale is taken after the loss scale, of the scaled gradient."""
+
+    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even"):
+        super().__init__()
+        self.quantizer = Quantizer(recipe, fmt_name, block, rounding)
+        self.fmt_max = Tensor(FORMATS[fmt_name].max, mstype.float32)
+
+    def construct(self, y):
+        return y
+
+    def bprop(self, y, out, dout):
+        return (self.quantizer(dout, current_scale(amax(dout), self.fmt_max)),)
+
+
+class TensorScale(nn.Cell):
+    """A tensor's scale: current, from its amax now, or delayed (lsexp.precision.delayed), from the
+    history of its amax, read before this step's amax enters it."""
+
+    def __init__(self, recipe: str, name: str, fmt_max: float, cfg):
+        super().__init__(auto_prefix=False)  # the history's Parameters keep their lsexp_fp8.* names
+        self.delayed = recipe == "delayed"
+        self.fmt_max = Tensor(fmt_max, mstype.float32)
+        if self.delayed:
+            from lsexp.precision.delayed import DelayedScaling
+
+            self.history = DelayedScaling(name, fmt_max, cfg.margin, cfg.amax_history_len,
+                                          cfg.amax_compute_algo)
+
+        self.reduce = None
+        if self.delayed:
+            from mindspore.communication import get_group_size
+
+            if _initialised() and get_group_size() > 1:  # TE's reduce_amax: every rank's histories equal
+                self.reduce = ops.AllReduce(ops.ReduceOp.MAX)
+
+    def construct(self, x):
+        """(the scale to use, a value the caller depends on so that the amax is recorded)."""
+        a = amax(x)
+        if self.delayed:
+            if self.reduce is not None:
+                a = self.reduce(a)
+            scale = self.history.scale * 1.0
+            if not self.training:  # an evaluation quantises with the scale and leaves the history be
+                return scale, a
+            return scale, self.history.record(ops.depend(a, scale))
+        return current_scale(a, self.fmt_max), a
+
+
+def _initialised() -> bool:
+    from mindspore.communication import GlobalComm
+
+    return bool(GlobalComm.INITED)
+
+
+class QuantizedProduct(nn.Cell):
+    """A Dense or Conv2d whose input and weight are quantised before its product, and the gradient of its
+    product's output on the way back. Its Parameters keep their names."""
+
+    def __init__(self, layer: nn.Cell, name: str, cfg):
+        super().__init__(auto_prefix=False)
+        self.layer = layer
+        self.is_dense = isinstance(layer, nn.Dense)
+        forward, backward = FORMAT_PAIRS[cfg.fp8_format]
+        fmax = FORMATS[forward].max
+        self.mx = cfg.recipe == "mx"
+        self.q_input = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding)
+        self.q_weight = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding)
+        self.q_grad = GradientQuantizer(cfg.recipe, backward, cfg.block_size, cfg.rounding)
+        self.s_input = TensorScale(cfg.recipe, f"{name}.input", fmax, cfg)
+        self.s_weight = TensorScale(cfg.recipe, f"{name}.weight", fmax, cfg)
+        self.has_bias = layer.has_bias
+
+    def quantized(self, x, scale_of, quantizer):
+        if self.mx:
+            return quantizer(x, ops.ones((), mstype.float32))
+        scale, after = scale_of(ops.stop_gradient(x))
+        return ops.depend(quantizer(x, scale), after)
+
+    def construct(self, x):
+        layer = self.layer
+        w = ops.cast(layer.weight, x.dtype)
+        shape = x.shape
+        if self.is_dense and len(shape) != 2:
+            x = x.reshape((-1, shape[-1]))
+        xq = self.quantized(x, self.s_input, self.q_input)
+        wq = self.quantized(w, self.s_weight, self.q_weight)
+        if self.is_dense:
+            y = self.q_grad(layer.matmul(xq, wq))
+        else:
+            y = self.q_grad(layer.conv2d(xq, wq))
+        if self.has_bias:
+            y = layer.bias_add(y, ops.cast(layer.bias, y.dtype))
+        if self.is_dense:
+            if layer.activation_flag:
+                y = layer.activation(y)
+            if len(shape) != 2:
+                y = y.reshape(shape[:-1] + (y.shape[-1],))
+        return y
+
+
+def _wrappable(net: nn.Cell):
+    """(parent, attribute, name) of each Dense and Conv2d the network calls as a cell."""
+    for path, cell in list(net.cells_and_names()):
+        if isinstance(cell, READS_PARAMETERS):
+            continue
+        for attr, child in list(cell.name_cells().items()):
+            if isinstance(child, PRODUCTS):
+                yield cell, attr, f"{path}.{attr}" if path else attr
+
+
+def products(net: nn.Cell) -> List[str]:
+    """The names of the Dense and Conv2d cells a recipe quantises, as cells_and_names() gives them."""
+    return [name for _, _, name in _wrappable(net)]
+
+
+def delayed_scales(wrapped: Dict[str, QuantizedProduct]) -> list:
+    """The DelayedScaling cells of the wrapped products, for the train step to advance before each
+    forward pass."""
+    return [s.history for q in wrapped.values() for s in (q.s_input, q.s_weight) if s.delayed]
+
+
+def install(net: nn.Cell, cfg) -> Dict[str, QuantizedProduct]:
+    """Wrap each Dense and Conv2d of `net` in a QuantizedProduct, in place, after amp has cast it; the
+    layers' Parameters keep their names, the scales' are lsexp_fp8.<layer>.<tensor>.*."""
+    wrapped = {}
+    for cell, attr, name in list(_wrappable(net)):
+        child = cell.name_cells()[attr]
+        own = {id(p): p.name for p in child.get_parameters()}
+        q = QuantizedProduct(child, name, cfg)
+        own.update({id(p): p.name for p in q.get_parameters() if id(p) not in own})
+        if isinstance(cell, (nn.SequentialCell, nn.CellList)):
+            cell[int(attr)] = q
+        else:
+            setattr(cell, attr, q)
+        for p in q.get_parameters():  # the parents would put their attribute names into theirs
+            p.name = own[id(p)]
+        wrapped[name] = q
+    return wrapped
