@@ -155,3 +155,21 @@ def test_an_unknown_format_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"format=e3m4: no such format; use one of e4m3, e5m2, hif8, e8m0"):
         quantize([1.0], "e3m4")
     assert set(names()) == {"e4m3", "e5m2", "hif8", "e8m0", "mx_e4m3", "mx_e5m2"}
+
+
+@pytest.mark.parametrize("name", ["e4m3", "e5m2", "hif8", "mx_e4m3", "mx_e5m2"])
+def test_the_cpu_steps_numpy_kernels_give_the_ops_bits(name):
+    """lsexp.formats.host, the CPU step's one kernel per cast, against the MindSpore ops of GPU and
+    Ascend, on normal float32 values (numpy keeps subnormals, which MindSpore's CPU kernels read as 0)."""
+    from lsexp.formats import host
+
+    x = np.concatenate([random_values(), SPECIALS[np.abs(SPECIALS) >= 2.0**-100]]).astype(np.float32)
+    x = np.concatenate([x, np.zeros(-x.size % 32, np.float32)]).reshape(-1, 32)
+    if name.startswith("mx_"):
+        for rounding, ours in (("even", "even"), ("nearest", "away")):
+            op = host.MXCastHost(FORMATS[name[3:]], 32, ours)
+            assert_bits_equal(op(x), quantize(x, name, rounding=ours), x)
+        return
+    for saturate in (False, True):
+        op = host.FormatCastHost(FORMATS[name], saturate)
+        assert_bits_equal(op(x), quantize(x, name, saturate=saturate), x)

@@ -126,6 +126,7 @@ def validate(cfg: DictConfig) -> Strategy:
             f"http://127.0.0.1:5000 or postgresql://user@host:5432/database"
         )
 
+    p += _precision_problems(cfg)
     p += device_problems(cfg.device)
     if p:
         raise ConfigError(p)
@@ -157,9 +158,54 @@ def _inject_problems(cfg: DictConfig) -> List[str]:
     return p
 
 
+def _precision_problems(cfg: DictConfig) -> List[str]:
+    """precision.* against lsexp.precision's recipes and formats."""
+    from lsexp.precision.keys import AMAX_COMPUTE_ALGOS, FP8_FORMATS, MX_BLOCK_SIZES, RECIPES, ROUNDINGS
+
+    pr, p = cfg.get("precision"), []
+    if pr is None or pr.recipe == "none":
+        return p
+    if pr.recipe not in RECIPES:
+        return [f"precision.recipe={pr.recipe}: no such recipe; use one of {', '.join(RECIPES)} "
+                f"(conf/precision/: fp8_delayed, fp8_current, mxfp8, hif8_current)"]
+    if pr.fp8_format not in FP8_FORMATS:
+        p.append(f"precision.fp8_format={pr.fp8_format}: no such format; use one of {', '.join(FP8_FORMATS)}")
+    if pr.recipe == "delayed":
+        if pr.margin < 0:
+            p.append(f"precision.margin={pr.margin}: must be >= 0 (the scale is 2^-margin * FP8_MAX / amax)")
+        if pr.amax_history_len < 1:
+            p.append(f"precision.amax_history_len={pr.amax_history_len}: must be >= 1 step; TE's default "
+                     f"is 1024")
+        if pr.amax_compute_algo not in AMAX_COMPUTE_ALGOS:
+            p.append(f"precision.amax_compute_algo={pr.amax_compute_algo}: use one of "
+                     f"{', '.join(AMAX_COMPUTE_ALGOS)}")
+    if pr.recipe == "mx":
+        if pr.block_size not in MX_BLOCK_SIZES:
+            p.append(f"precision.block_size={pr.block_size}: OCP MX v1.0 defines blocks of "
+                     f"{', '.join(map(str, MX_BLOCK_SIZES))} elements only; set precision.block_size=32")
+        if pr.fp8_format == "HIF8":
+            p.append("precision.fp8_format=HIF8 with precision.recipe=mx: MX's elements are OCP FP8; use "
+                     "HYBRID, E4M3 or E5M2, or precision=hif8_current")
+        if pr.rounding not in ROUNDINGS:
+            p.append(f"precision.rounding={pr.rounding}: use one of {', '.join(ROUNDINGS)}")
+    if cfg.amp.level == "O0":
+        p.append(f"precision={pr.recipe} with amp.level=O0: nothing runs in low precision for the recipe to "
+                 f"scale; use amp=O2 (or amp=O1, O3)")
+    return p
+
+
 def tap_problems(cfg: DictConfig, net) -> List[str]:
-    """inject.layer and telemetry.layers against the network's layers (lsexp.taps.layers)."""
+    """inject.layer and telemetry.layers against the network's layers (lsexp.taps.layers), and a
+    precision recipe against its matrix products."""
     from lsexp.taps.layers import NoLayers, layer_names
+
+    precision = cfg.get("precision")
+    if precision is not None and precision.recipe != "none":
+        from lsexp.precision.recipes import products
+
+        if not products(net):
+            return [f"precision={precision.recipe} with model._target_={cfg.model._target_}: the model has "
+                    f"no nn.Dense or nn.Conv2d for the recipe to quantise; use precision=none"]
 
     asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
                                 (f"inject.layer={cfg.inject.layer}", cfg.inject.layer is not None)) if on]
@@ -345,7 +391,9 @@ def check(cfg: DictConfig) -> Checked:
     own = (families.of("model", cfg.model._target_) is None
            or families.of("dataset", cfg.dataset._target_) is None)
     probed = trace_shapes(cfg, strategy) if own else None
-    if cfg.telemetry.layers or cfg.inject.layer is not None:  # the model's layers, from the network itself
+    precision = cfg.get("precision")
+    if (cfg.telemetry.layers or cfg.inject.layer is not None
+            or (precision is not None and precision.recipe != "none")):  # from the network itself
         from lsexp.training.build import network
 
         problems = tap_problems(cfg, probed[1] if probed else network(cfg))

@@ -12,6 +12,7 @@ from lsexp.config.schema import (
     DeviceConfig,
     EngineConfig,
     ParallelConfig,
+    PrecisionConfig,
     TelemetryConfig,
     TrackingConfig,
     TrainConfig,
@@ -32,6 +33,7 @@ def register_configs() -> None:
         ("tracking", "base_tracking", TrackingConfig),
         ("telemetry", "base_telemetry", TelemetryConfig),
         ("parallel", "base_parallel", ParallelConfig),
+        ("precision", "base_precision", PrecisionConfig),
     ]:
         cs.store(group=group, name=name, node=node)
     # experiments/ sits at the top of the checkout; ConfigStore makes its files the options of

@@ -202,6 +202,21 @@ class TelemetryConfig:
     locate: bool = True
 
 
+@dataclass
+class PrecisionConfig:
+    """Eight-bit emulation of the matrix products (lsexp.precision): keys as Transformer Engine's recipes
+    name them. recipe: none, delayed (DelayedScaling), current (Float8CurrentScaling) or mx (MX blocks)."""
+
+    recipe: str = "none"
+    # HYBRID (E4M3 forward, E5M2 backward), E4M3, E5M2 (TE's recipe.Format), or HIF8 (Ascend's HiFloat8)
+    fp8_format: str = "HYBRID"
+    margin: int = 0  # delayed: scale = 2^-margin * FP8_MAX / amax
+    amax_history_len: int = 1024  # delayed
+    amax_compute_algo: str = "max"  # delayed: max or most_recent
+    block_size: int = 32  # mx: OCP MX v1.0 fixes 32
+    rounding: str = "even"  # mx: even (OCP, TE) or away (microxcaling's "nearest")
+
+
 def _inject_init(self, **values):
     defaults = {"overflow_steps": [], "rank": None, "layer": None, "pass": "forward"}
     for name, value in {**defaults, **values}.items():
@@ -275,6 +290,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
     parallel: ParallelConfig = MISSING
     telemetry: TelemetryConfig = MISSING
+    precision: PrecisionConfig = MISSING
     # A sweep's own table and figure, drawn by lsexp.report.studies.<study> when the sweep ends
     # (experiments/ set it).
     study: Optional[str] = None

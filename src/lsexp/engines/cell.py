@@ -30,11 +30,13 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
                  native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
-                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False):
+                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
+                 advance=()):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
         self._init_taps(probes, layer_factor, keep_weights=False)  # an overflowed update is not applied
+        self._init_precision(advance)
         self._init_snapshot(histogram)
         self._init_recipe(recipe, measure_amax)
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
@@ -111,11 +113,13 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     def __init__(self, network, optimizer, sens, *, recipe=Recipe(), inject_steps=(), last_step=0,
                  native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
-                 micro_batch=0, probes=(), layer_factor=None, keep_weights=False):
+                 micro_batch=0, probes=(), layer_factor=None, keep_weights=False,
+                 advance=()):
         super().__init__(network, optimizer, sens)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
         self._init_taps(probes, layer_factor, keep_weights)
+        self._init_precision(advance)
         self._init_snapshot(histogram)
         self._init_recipe(recipe)
         self.scale = Tensor(sens, mstype.float32)
@@ -160,11 +164,11 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
 
 def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
                      native_check: bool, rank: int = 0, recipe: Recipe = Recipe(), probes=(),
-                     layer_factor=None, keep_weights=False) -> nn.Cell:
+                     layer_factor=None, keep_weights=False, advance=()) -> nn.Cell:
     """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
     overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
     kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe, probes=probes,
-                  layer_factor=layer_factor, keep_weights=keep_weights)
+                  layer_factor=layer_factor, keep_weights=keep_weights, advance=advance)
     if not strategy.drops_overflow:
         return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(),

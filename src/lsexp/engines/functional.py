@@ -45,7 +45,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
     def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
                  last_step=0, native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
-                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False):
+                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
+                 advance=()):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -57,6 +58,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
                             micro_batch)
         self._init_recipe(recipe, measure_amax)
         self._init_taps(probes, layer_factor, keep_weights and not drop_overflow_update)
+        self._init_precision(advance)
         self._init_snapshot(histogram)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
         self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
@@ -145,6 +147,7 @@ def build_train_step(
     probes=(),
     layer_factor=None,
     keep_weights=False,
+    advance=(),
 ) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
     return FunctionalTrainStep(
@@ -157,5 +160,6 @@ def build_train_step(
         probes=probes,
         layer_factor=layer_factor,
         keep_weights=keep_weights,
+        advance=advance,
         **injection(cfg, last_step, native_check, rank),
     )

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
-from mindspore import Parameter, ParameterTuple, Tensor, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, TELEMETRY
@@ -91,8 +91,23 @@ class StepRecorder:
             self.shadow = ParameterTuple([Parameter(Tensor(w.asnumpy()), name=f"lsexp_shadow.{w.name}",
                                                     requires_grad=False) for w in self.weights])
 
+    def _init_precision(self, advance=()):
+        """lsexp.precision's side of the step: the delayed scales it advances, once, before each forward
+        pass (the forward pass runs twice in a step that takes its loss and then its gradient)."""
+        names = [(p, p.name) for cell in advance for p in cell.get_parameters()]
+        self.delayed_scales = nn.CellList(list(advance), auto_prefix=False)
+        for p, name in names:  # held by the network too: the network's names are the checkpoint's
+            p.name = name
+        self.n_advance = len(advance)
+
     def _begin(self, inputs):
-        """Before the forward pass: inject.layer's step counter and factor (the layer's tap reads it)."""
+        """Before the forward pass: the delayed scales' update from the last step's amaxes, and
+        inject.layer's step counter and factor (the layer's tap reads it)."""
+        if self.n_advance:
+            first = inputs[0]
+            for i in range(self.n_advance):
+                first = ops.depend(first, self.delayed_scales[i].advance())
+            inputs = (first,) + inputs[1:]
         if self.layer_inject:
             step = self.lsexp_step + 1
             first = ops.depend(inputs[0], ops.assign(self.lsexp_step, step))

@@ -10,7 +10,7 @@ the quantised copies it computed with, as TE's saved FP8 tensors are.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
@@ -25,6 +25,7 @@ PRODUCTS = (nn.Dense, nn.Conv2d)
 # cells that read their Dense's Parameters into one functional call instead of calling it: MindSpore's
 # MultiheadAttention (its projections stay in amp's type, with its batched products)
 READS_PARAMETERS = (nn.MultiheadAttention,)
+AMP_WRAPPER = "_backbone."  # amp's O2 and O3 put the model here: the names are the model's own
 
 
 def amax(x):
@@ -52,24 +53,61 @@ class ScaledCast(nn.Cell):
     def construct(self, x, scale):
         dtype = x.dtype
         x = ops.cast(x, mstype.float32)
-        return ops.cast(self.cast(x * scale) * (1.0 / scale), dtype)
+        # finite values saturate; an inf stays one, so that the loss scale's overflow check sees it
+        y = ops.where(ops.isinf(x), x, self.cast(x * scale) * (1.0 / scale))
+        return ops.cast(y, dtype)
+
+
+def _pyfunc(func, inputs: int):
+    """func as one CPU kernel (a MindSpore pyfunc) of `inputs` tensors, returning the first one's shape
+    and type."""
+    return ops.Custom(func, out_shape=lambda *shapes: shapes[0], out_dtype=lambda *types: types[0],
+                      func_type="pyfunc")
 
 
 class Quantizer(nn.Cell):
-    """Forward: the tensor as the recipe quantises it, with `scale` (MX: its own block scales).
-    Backward: straight through."""
+    """Forward: the tensor as the recipe quantises it: with `scale` (delayed), with its current scale, or
+    in MX blocks. Backward: straight through. host: on CPU, each cast is one numpy
+    kernel (lsexp.formats.host) in place of the MindSpore ops' twenty."""
 
-    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even"):
+    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even",
+                 host: bool = False, name: str = ""):
         super().__init__()
-        self.mx = recipe == "mx"
-        if self.mx:
-            self.cast = cast.MXCast(FORMATS[fmt_name], block, rounding)
+        fmt = FORMATS[fmt_name]
+        self.mx, self.host, self.delayed = recipe == "mx", host, recipe == "delayed"
+        self.fmt_max = Tensor(fmt.max, mstype.float32)
+        if host:
+            from lsexp.formats import host as numpy_casts
+            from lsexp.precision import telemetry
+
+            def record(x, y, scaled, limit, scale):
+                telemetry.record(name, x, y, scaled, limit, scale)
+
+            if self.mx:
+                mx = numpy_casts.MXCastHost(fmt, block, rounding, record)
+                self.kernel = _pyfunc(lambda x: mx(x), 1)
+            else:
+                scaled = numpy_casts.ScaledCastHost(fmt, record)
+                self.kernel = _pyfunc(lambda x, s: scaled(x, s), 2)
+                self.current_kernel = _pyfunc(lambda x: scaled(x, scaled.current_scale(x)), 1)
+        elif self.mx:
+            self.cast = cast.MXCast(fmt, block, rounding)
         else:
             self.cast = ScaledCast(fmt_name)
 
-    def construct(self, x, scale):
+    def current(self, x):
+        """x with its own current scale."""
         if self.mx:
-            return self.cast(x)
+            return self.kernel(x) if self.host else self.cast(x)
+        if self.host:
+            return self.current_kernel(x)
+        return self.cast(x, current_scale(amax(x), self.fmt_max))
+
+    def construct(self, x, scale):
+        if not self.delayed:  # current scaling or MX blocks: the tensor alone decides
+            return self.current(x)
+        if self.host:
+            return self.kernel(x, scale)
         return self.cast(x, scale)
 
     def bprop(self, x, scale, out, dout):
@@ -81,16 +119,16 @@ class GradientQuantizer(nn.Cell):
     its current scale (or MX blocks), as the backward products receive it. The loss scale is in it: the
     eight-bit scale is taken after the loss scale, of the scaled gradient."""
 
-    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even"):
+    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even",
+                 host: bool = False, name: str = ""):
         super().__init__()
-        self.quantizer = Quantizer(recipe, fmt_name, block, rounding)
-        self.fmt_max = Tensor(FORMATS[fmt_name].max, mstype.float32)
+        self.quantizer = Quantizer(recipe, fmt_name, block, rounding, host, name)
 
     def construct(self, y):
         return y
 
     def bprop(self, y, out, dout):
-        return (self.quantizer(dout, current_scale(amax(dout), self.fmt_max)),)
+        return (self.quantizer.current(dout),)
 
 
 class TensorScale(nn.Cell):
@@ -137,23 +175,26 @@ class QuantizedProduct(nn.Cell):
     """A Dense or Conv2d whose input and weight are quantised before its product, and the gradient of its
     product's output on the way back. Its Parameters keep their names."""
 
-    def __init__(self, layer: nn.Cell, name: str, cfg):
+    def __init__(self, layer: nn.Cell, name: str, cfg, host: bool = False):
         super().__init__(auto_prefix=False)
         self.layer = layer
         self.is_dense = isinstance(layer, nn.Dense)
         forward, backward = FORMAT_PAIRS[cfg.fp8_format]
         fmax = FORMATS[forward].max
         self.mx = cfg.recipe == "mx"
-        self.q_input = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding)
-        self.q_weight = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding)
-        self.q_grad = GradientQuantizer(cfg.recipe, backward, cfg.block_size, cfg.rounding)
+        self.delayed = cfg.recipe == "delayed"
+        self.one = Tensor(1.0, mstype.float32)
+        self.q_input = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.input")
+        self.q_weight = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.weight")
+        self.q_grad = GradientQuantizer(cfg.recipe, backward, cfg.block_size, cfg.rounding, host,
+                                        f"{name}.grad")
         self.s_input = TensorScale(cfg.recipe, f"{name}.input", fmax, cfg)
         self.s_weight = TensorScale(cfg.recipe, f"{name}.weight", fmax, cfg)
         self.has_bias = layer.has_bias
 
     def quantized(self, x, scale_of, quantizer):
-        if self.mx:
-            return quantizer(x, ops.ones((), mstype.float32))
+        if not self.delayed:
+            return quantizer(x, self.one)
         scale, after = scale_of(ops.stop_gradient(x))
         return ops.depend(quantizer(x, scale), after)
 
@@ -184,6 +225,7 @@ def _wrappable(net: nn.Cell):
     for path, cell in list(net.cells_and_names()):
         if isinstance(cell, READS_PARAMETERS):
             continue
+        path = path[len(AMP_WRAPPER):] if path.startswith(AMP_WRAPPER) else path
         for attr, child in list(cell.name_cells().items()):
             if isinstance(child, PRODUCTS):
                 yield cell, attr, f"{path}.{attr}" if path else attr
@@ -200,14 +242,19 @@ def delayed_scales(wrapped: Dict[str, QuantizedProduct]) -> list:
     return [s.history for q in wrapped.values() for s in (q.s_input, q.s_weight) if s.delayed]
 
 
-def install(net: nn.Cell, cfg) -> Dict[str, QuantizedProduct]:
+def install(net: nn.Cell, cfg, host: Optional[bool] = None) -> Dict[str, QuantizedProduct]:
     """Wrap each Dense and Conv2d of `net` in a QuantizedProduct, in place, after amp has cast it; the
-    layers' Parameters keep their names, the scales' are lsexp_fp8.<layer>.<tensor>.*."""
+    layers' Parameters keep their names, the scales' are lsexp_fp8.<layer>.<tensor>.*. host: the casts
+    as numpy kernels (lsexp.formats.host) or MindSpore ops; None: numpy where the target is CPU."""
+    if host is None:
+        import mindspore as ms
+
+        host = ms.get_context("device_target") == "CPU"
     wrapped = {}
     for cell, attr, name in list(_wrappable(net)):
         child = cell.name_cells()[attr]
         own = {id(p): p.name for p in child.get_parameters()}
-        q = QuantizedProduct(child, name, cfg)
+        q = QuantizedProduct(child, name, cfg, host)
         own.update({id(p): p.name for p in q.get_parameters() if id(p) not in own})
         if isinstance(cell, (nn.SequentialCell, nn.CellList)):
             cell[int(attr)] = q

@@ -279,7 +279,8 @@ class MlflowRun:
                     from lsexp.training.telemetry import draw_histogram
 
                     draw_histogram(path)
-            layers = sorted(out_dir.glob("layers.*"))  # telemetry=layers' table and heat map
+            # telemetry=layers' table and heat map, and a precision recipe's counts per quantised tensor
+            layers = sorted(out_dir.glob("layers.*")) + sorted(out_dir.glob("precision.csv"))
             # telemetry's histograms and per-parameter breakdown, and the per-layer table
             for path in sorted(out_dir.glob("grad_*")) + layers:
                 with_retry(self.client.log_artifact, self.run_id, str(path), "telemetry")

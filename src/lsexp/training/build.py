@@ -66,6 +66,7 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
     taps, injection = None, None
     if layers:  # after amp, so that the taps take no part in its casts
         taps, injection = install_taps(cfg, net, layers)
+    advance = with_precision(cfg, net)
     loss_net = nn.WithLossCell(net, loss(cfg))
     optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step,
                                        target)
@@ -74,7 +75,7 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
                                  rank=rank, recipe=recipe,
                                  probes=taps.probes(entry=False) if cfg.telemetry.layers else (),
                                  layer_factor=None if injection is None else injection.factor,
-                                 keep_weights=locates(cfg))
+                                 keep_weights=locates(cfg), advance=advance)
     step_cell.set_train()
     return net, step_cell, taps
 
@@ -87,6 +88,18 @@ def with_amp(cfg, net, out_dir: Path):
     # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
     with contextlib.chdir(out_dir):
         return ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+
+
+def with_precision(cfg, net) -> list:
+    """precision.recipe: the network's matrix products quantised in place (lsexp.precision), after amp,
+    so that the quantisers see the types amp gives them, and inside the taps, so that a tap sees a layer's
+    output as the recipe makes it. Returns the delayed scales the train step advances."""
+    precision = cfg.get("precision")
+    if precision is None or precision.recipe == "none":
+        return []
+    from lsexp.precision.recipes import delayed_scales, install
+
+    return delayed_scales(install(net, precision))
 
 
 def locates(cfg) -> bool:
@@ -132,6 +145,7 @@ def tapped_copy(cfg, out_dir: Path):
         return None
     net = with_amp(cfg, net, out_dir)
     taps, _ = install_taps(cfg, net, layers)
+    with_precision(cfg, net)
     return nn.WithLossCell(net, loss(cfg)), taps
 
 

@@ -50,6 +50,7 @@ class _Run:
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     layers: Any = None  # lsexp.taps.cells.Taps whose statistics the step reports (telemetry=layers)
     layer_table: Any = None  # lsexp.training.telemetry.LayerTable: every step's rows for layers.csv
+    precision_table: Any = None  # lsexp.precision.telemetry.PrecisionTable: precision.csv
     locator: Any = None  # lsexp.taps.locate.Locator: replays an overflowed step (telemetry.locate)
     first_nonfinite: Optional[dict] = None
     step: int = 0
@@ -141,6 +142,11 @@ def _taps(cfg, taps, step_cell, primary: bool, out_dir: Path) -> dict:
     from lsexp.training.build import locates, tapped_copy
 
     out: Dict[str, Any] = {}
+    precision = cfg.get("precision")
+    if precision is not None and precision.recipe != "none":
+        from lsexp.precision.telemetry import PrecisionTable
+
+        out["precision_table"] = PrecisionTable()
     if taps is not None and cfg.telemetry.layers:
         from lsexp.training.telemetry import LayerTable
 
@@ -210,6 +216,8 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
             row[column] = math.nan
     if run.layer_table is not None:  # the taps' statistics follow the rest
         row.update(run.layer_table.add(step, scale, overflow, values[5 + len(run.columns):]))
+    if run.precision_table is not None:  # counted by the casts' own kernels, read before a replay's
+        row.update(run.precision_table.add(step))
     if run.locator is not None:
         row.update(_locate(run, step, x, y, scale) if overflow else _CLEAN)
     run.history.rows.append(row)
@@ -261,11 +269,15 @@ def _finish(run: _Run) -> None:
         summary["first_nonfinite"] = run.first_nonfinite
     if run.layer_table is not None:
         summary["layers"] = run.layer_table.means()
+    if run.precision_table is not None:
+        summary["precision"] = run.precision_table.means()
     summary["wall_seconds"] = round(time.perf_counter() - run.started, 3)
     summary["steps_per_second"] = round((run.step - run.done) / loop_seconds, 3) if loop_seconds > 0 else None
     if run.primary:
         if run.layer_table is not None:
             run.layer_table.write(run.out_dir)
+        if run.precision_table is not None:
+            run.precision_table.write(run.out_dir)
         run.history.write_csv(run.out_dir / "history.csv")
         (run.out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _release_graphs()
