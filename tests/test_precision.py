@@ -173,9 +173,9 @@ def test_each_quantised_tensors_counts_reach_precision_csv_summary_and_mlflow(tm
     from lsexp.training.build import network
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    out = run_cli("model=mlp", "dataset=digits", "amp=O2", "loss_scale=dynamic", "loss_scale.init_loss_scale=1024",
-                  "precision=fp8_current", "train.max_steps=3", f"tracking.uri={uri}", "hydra.run.dir=run",
-                  "train.progress=false", cwd=tmp_path)
+    out = run_cli("model=mlp", "dataset=digits", "amp=O2", "loss_scale=dynamic",
+                  "loss_scale.init_loss_scale=1024", "precision=fp8_current", "train.max_steps=3",
+                  f"tracking.uri={uri}", "hydra.run.dir=run", "train.progress=false", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = list(csv.DictReader(open(tmp_path / "run" / "precision.csv")))
     tensors = {f"layers.{i}.{t}" for i in (1, 3, 5) for t in ("input", "weight", "grad")}
