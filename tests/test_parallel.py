@@ -156,6 +156,23 @@ def test_gpt_under_data_parallel_counts_every_ranks_tokens_and_keeps_the_float32
 
 
 @pytest.mark.msrun
+def test_delayed_fp8_scales_are_identical_on_both_ranks(tmp_path):
+    # each rank quantises its own shard: without TE's amax all-reduce their input scales would differ
+    import mindspore as ms
+
+    out, _, run_dir = _lsexp(tmp_path, "model=mlp", "dataset=digits", "loss_scale=dynamic",
+                             "precision=fp8_delayed", "precision.amax_history_len=4", "train.max_steps=8",
+                             "train.checkpoint=true")
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ranks_identical"] is True and summary["world_size"] == 2
+    saved = ms.load_checkpoint(str(run_dir / "checkpoint.ckpt"))
+    scales = {k: float(v.asnumpy()) for k, v in saved.items()
+              if k.startswith("lsexp_fp8.") and k.endswith("scale")}
+    assert "lsexp_fp8.layers.1.input.scale" in scales and scales["lsexp_fp8.layers.1.input.scale"] != 1.0
+
+
+@pytest.mark.msrun
 def test_the_functional_engine_and_hysteresis_decide_alike_on_every_rank(tmp_path):
     # Rank 1's two overflows reach rank 0 through the reducer: both skip both steps, and hysteresis 2
     # backs off only after the second, on both ranks.

@@ -46,6 +46,12 @@ class Recipe:
     advance_schedule: bool = False
 
 
+def _world() -> int:
+    from mindspore.communication import GlobalComm, get_group_size
+
+    return get_group_size() if GlobalComm.INITED else 1
+
+
 class StepRecorder:
     """Step counter, injection and stats shared by both train-step cells."""
 
@@ -99,14 +105,38 @@ class StepRecorder:
         for p, name in names:  # held by the network too: the network's names are the checkpoint's
             p.name = name
         self.n_advance = len(advance)
+        # TE's reduce_amax: under data parallel the recorded amaxes are reduced to their maximum over the
+        # ranks, in one collective before the forward pass (a collective inside it would interleave with
+        # others in an order the ranks need not share), so that every rank's scales are the same
+        self.amax_reduce, self.own_row = None, None
+        if advance and _world() > 1:
+            import mindspore as ms
+            from mindspore.communication import get_group_size, get_rank
+
+            if ms.get_context("device_target") == "CPU":  # its AllReduce sums: a row each rank fills alone
+                self.own_row = Tensor((np.arange(get_group_size()) == get_rank()).reshape(-1, 1))
+                self.amax_reduce = ops.AllReduce()
+            else:
+                self.amax_reduce = ops.AllReduce(ops.ReduceOp.MAX)
 
     def _begin(self, inputs):
         """Before the forward pass: the delayed scales' update from the last step's amaxes, and
         inject.layer's step counter and factor (the layer's tap reads it)."""
         if self.n_advance:
             first = inputs[0]
-            for i in range(self.n_advance):
-                first = ops.depend(first, self.delayed_scales[i].advance())
+            if self.amax_reduce is None:
+                for i in range(self.n_advance):
+                    first = ops.depend(first, self.delayed_scales[i].advance())
+            else:
+                recorded = ops.stack([self.delayed_scales[i].amax_history[0]
+                                      for i in range(self.n_advance)])
+                if self.own_row is not None:
+                    rows = ops.where(self.own_row, recorded.reshape((1, -1)), 0.0)
+                    recorded = self.amax_reduce(rows).max(0)
+                else:
+                    recorded = self.amax_reduce(recorded)
+                for i in range(self.n_advance):
+                    first = ops.depend(first, self.delayed_scales[i].advance(recorded[i]))
             inputs = (first,) + inputs[1:]
         if self.layer_inject:
             step = self.lsexp_step + 1

@@ -125,11 +125,11 @@ class DelayedScaling(nn.Cell):
         history = slot.reshape((1,)) if kept is None else ops.concat((slot.reshape((1,)), kept))
         return ops.depend(zero, ops.assign(self.amax_history, history))
 
-    def advance(self):
-        """TE's amax_and_scale_update from what the last step recorded in slot 0: the train step runs it
-        before its forward pass, once, so that the step quantises with the scale it leaves. Returns a
-        value the caller must depend on."""
-        return self.update(self.amax_history[0])
+    def advance(self, recorded=None):
+        """TE's amax_and_scale_update from what the last step recorded in slot 0 (or `recorded`, that
+        amax reduced over the ranks): the train step runs it before its forward pass, once, so that the
+        step quantises with the scale it leaves. Returns a value the caller must depend on."""
+        return self.update(self.amax_history[0] if recorded is None else recorded)
 
     def construct(self, amax):
         return self.update(amax)

@@ -145,30 +145,15 @@ class TensorScale(nn.Cell):
             self.history = DelayedScaling(name, fmt_max, cfg.margin, cfg.amax_history_len,
                                           cfg.amax_compute_algo)
 
-        self.reduce = None
-        if self.delayed:
-            from mindspore.communication import get_group_size
-
-            if _initialised() and get_group_size() > 1:  # TE's reduce_amax: every rank's histories equal
-                self.reduce = ops.AllReduce(ops.ReduceOp.MAX)
-
     def construct(self, x):
         """(the scale to use, a value the caller depends on so that the amax is recorded)."""
         a = amax(x)
         if self.delayed:
-            if self.reduce is not None:
-                a = self.reduce(a)
             scale = self.history.scale * 1.0
             if not self.training:  # an evaluation quantises with the scale and leaves the history be
                 return scale, a
             return scale, self.history.record(ops.depend(a, scale))
         return current_scale(a, self.fmt_max), a
-
-
-def _initialised() -> bool:
-    from mindspore.communication import GlobalComm
-
-    return bool(GlobalComm.INITED)
 
 
 class QuantizedProduct(nn.Cell):

@@ -133,13 +133,20 @@ def _why(log_dir: Path, code: int) -> str:
 
 
 def params_digest(step_cell, state=()) -> str:
-    """sha256 of the trainable parameters and of the strategy's state (the scale and its scaler's
-    counters, named by Strategy.state_names), which data parallel keeps identical across ranks."""
+    """sha256 of the trainable parameters, of the strategy's state (the scale and its scaler's counters,
+    named by Strategy.state_names) and of a precision recipe's delayed scales and amax histories
+    (lsexp_fp8.*, each history but the slot the last step recorded into), which data parallel keeps
+    identical across ranks."""
     digest = hashlib.sha256()
     held = step_cell.parameters_dict()
-    for param in list(step_cell.network.trainable_params()) + [held[name] for name in state if name in held]:
+    fp8 = [param for name, param in sorted(held.items()) if name.startswith("lsexp_fp8.")]
+    kept = [held[name] for name in state if name in held]
+    for param in list(step_cell.network.trainable_params()) + kept + fp8:
         digest.update(param.name.encode())
-        digest.update(param.asnumpy().tobytes())
+        value = param.asnumpy()
+        if param.name.endswith(".amax_history"):  # slot 0: this rank's own amax, reduced at the next step
+            value = value[1:]
+        digest.update(value.tobytes())
     return digest.hexdigest()
 
 
