@@ -62,13 +62,13 @@ def test_a_quantised_dense_computes_with_the_formats_values_forward_and_back(rec
     configure()
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
-def test_every_recipe_trains_under_a_dropping_and_a_non_dropping_scale(train_run, recipe):
-    for loss_scale in ("dynamic", "fixed_nodrop"):
-        summary, rows, _ = train_run("model=mlp", "dataset=digits", "amp=O2", f"loss_scale={loss_scale}",
-                                     f"precision={recipe}", "train.max_steps=20")
-        assert summary["steps"] == 20 and len(rows) == 20
-        assert np.isfinite(summary["final_loss"]) and summary["final_loss"] < float(rows[0]["loss"])
+@pytest.mark.parametrize("recipe, loss_scale", [("fp8_delayed", "dynamic"), ("fp8_current", "fixed_nodrop"),
+                                                ("mxfp8", "fixed_drop"), ("hif8_current", "dynamic")])
+def test_every_recipe_trains_under_a_dropping_or_a_non_dropping_scale(train_run, recipe, loss_scale):
+    summary, rows, _ = train_run("model=mlp", "dataset=digits", "amp=O2", f"loss_scale={loss_scale}",
+                                 f"precision={recipe}", "train.max_steps=20")
+    assert summary["steps"] == 20 and len(rows) == 20
+    assert np.isfinite(summary["final_loss"]) and summary["final_loss"] < float(rows[0]["loss"])
 
 
 @pytest.mark.slow
@@ -117,7 +117,9 @@ def test_with_no_recipe_the_network_is_unchanged():
     assert names[:len(before)] == before or set(before) <= set(names)
     assert {n for n in names if n.startswith("lsexp_fp8.")} == {
         f"lsexp_fp8.{layer}.{tensor}.{what}" for layer in wrapped for tensor in ("input", "weight")
-        for what in ("amax_history", "scale")}
+        for what in ("amax_history", "scale")} | {
+        f"lsexp_fp8.{layer}.grad.{what}" for layer in wrapped
+        for what in ("amax_history", "scale", "pending")}
 
 
 @pytest.mark.parametrize("override, message", [

@@ -128,8 +128,7 @@ class StepRecorder:
                 for i in range(self.n_advance):
                     first = ops.depend(first, self.delayed_scales[i].advance())
             else:
-                recorded = ops.stack([self.delayed_scales[i].amax_history[0]
-                                      for i in range(self.n_advance)])
+                recorded = ops.stack([self.delayed_scales[i].recorded() for i in range(self.n_advance)])
                 if self.own_row is not None:
                     rows = ops.where(self.own_row, recorded.reshape((1, -1)), 0.0)
                     recorded = self.amax_reduce(rows).max(0)

@@ -6,6 +6,8 @@ differ there only, below every format's smallest value, where both give zero).""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from lsexp.formats.spec import Format
@@ -94,7 +96,8 @@ class MXCastHost:
             scaled = blocks / scale
             y = self.cast(scaled) * scale
             if self.record is not None:
-                self.record(blocks, y, scaled, self.limit, float(np.nanmax(scale)) if scale.size else 1.0)
+                finite = scale[np.isfinite(scale)]
+                self.record(blocks, y, scaled, self.limit, float(finite.max()) if finite.size else math.nan)
             y = y.reshape(shape[:-1] + (-1,))[..., :shape[-1]]
         return y.astype(dtype, copy=False)
 

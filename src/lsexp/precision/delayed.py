@@ -90,7 +90,7 @@ class DelayedScaling(nn.Cell):
     so the read is ordered before the assign."""
 
     def __init__(self, name: str, fp8_max: float, margin: int, amax_history_len: int,
-                 amax_compute_algo: str):
+                 amax_compute_algo: str, in_backward: bool = False):
         super().__init__()
         if amax_compute_algo not in ALGOS:
             raise ValueError(f"amax_compute_algo={amax_compute_algo}: use one of max, most_recent")
@@ -102,6 +102,12 @@ class DelayedScaling(nn.Cell):
         self.amax_history = Parameter(Tensor(np.zeros(int(amax_history_len), np.float32)),
                                       name=f"lsexp_fp8.{name}.amax_history", requires_grad=False)
         self.scale = Parameter(Tensor(np.float32(1.0)), name=f"lsexp_fp8.{name}.scale", requires_grad=False)
+        # a gradient's amax is recorded in a bprop, which may read a Parameter from before the step's own
+        # writes (lsexp.taps.cells): it is written alone, read by the next step's advance
+        self.in_backward = in_backward
+        if in_backward:
+            self.pending = Parameter(Tensor(np.float32(0.0)), name=f"lsexp_fp8.{name}.pending",
+                                     requires_grad=False)
 
     def update(self, amax):
         """Record this step's amax and write the next step's history and scale; returns the new scale,
@@ -125,11 +131,24 @@ class DelayedScaling(nn.Cell):
         history = slot.reshape((1,)) if kept is None else ops.concat((slot.reshape((1,)), kept))
         return ops.depend(zero, ops.assign(self.amax_history, history))
 
+    def note(self, amax):
+        """record() for a gradient, from its bprop: the step's one backward pass writes its amax. Only a
+        finite one: a gradient that overflowed is the loss scale's to skip, and an inf in the history
+        would hold the scale for amax_history_len steps under max (TE, without a loss scale, records
+        it). Returns a value the caller must depend on."""
+        amax = ops.cast(amax, ms.float32).reshape(())
+        kept = ops.where((amax > 0) & ops.isfinite(amax), amax, ops.zeros((), ms.float32))
+        return ops.depend(ops.zeros((), ms.float32), ops.assign(self.pending, kept))
+
+    def recorded(self):
+        """What the last step recorded, for advance."""
+        return self.pending * 1.0 if self.in_backward else self.amax_history[0]
+
     def advance(self, recorded=None):
         """TE's amax_and_scale_update from what the last step recorded in slot 0 (or `recorded`, that
         amax reduced over the ranks): the train step runs it before its forward pass, once, so that the
         step quantises with the scale it leaves. Returns a value the caller must depend on."""
-        return self.update(self.amax_history[0] if recorded is None else recorded)
+        return self.update(self.recorded() if recorded is None else recorded)
 
     def construct(self, amax):
         return self.update(amax)

@@ -115,20 +115,30 @@ class Quantizer(nn.Cell):
 
 
 class GradientQuantizer(nn.Cell):
-    """Forward: the identity. Backward: the gradient flowing into the product's output, quantised with
-    its current scale (or MX blocks), as the backward products receive it. The loss scale is in it: the
-    eight-bit scale is taken after the loss scale, of the scaled gradient."""
+    """Forward: the identity. Backward: the gradient flowing into the product's output, quantised as the
+    backward products receive it: with its delayed scale, read in the forward pass and handed in as
+    `scale`, its amax noted for the next step's update; or with its current scale, or in MX blocks. The
+    loss scale is in it: the eight-bit scale is taken after the loss scale, of the scaled gradient."""
 
     def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even",
-                 host: bool = False, name: str = ""):
-        super().__init__()
+                 host: bool = False, name: str = "", cfg=None):
+        super().__init__(auto_prefix=False)  # the history's Parameters keep their lsexp_fp8.* names
         self.quantizer = Quantizer(recipe, fmt_name, block, rounding, host, name)
+        self.delayed = recipe == "delayed"
+        if self.delayed:
+            from lsexp.precision.delayed import DelayedScaling
 
-    def construct(self, y):
+            self.history = DelayedScaling(name, FORMATS[fmt_name].max, cfg.margin, cfg.amax_history_len,
+                                          cfg.amax_compute_algo, in_backward=True)
+
+    def construct(self, y, scale):
         return y
 
-    def bprop(self, y, out, dout):
-        return (self.quantizer.current(dout),)
+    def bprop(self, y, scale, out, dout):
+        if self.delayed:
+            noted = self.history.note(amax(dout))
+            return ops.depend(self.quantizer(dout, scale), noted), ops.zeros_like(scale)
+        return self.quantizer.current(dout), ops.zeros_like(scale)
 
 
 class TensorScale(nn.Cell):
@@ -172,7 +182,7 @@ class QuantizedProduct(nn.Cell):
         self.q_input = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.input")
         self.q_weight = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.weight")
         self.q_grad = GradientQuantizer(cfg.recipe, backward, cfg.block_size, cfg.rounding, host,
-                                        f"{name}.grad")
+                                        f"{name}.grad", cfg)
         self.s_input = TensorScale(cfg.recipe, f"{name}.input", fmax, cfg)
         self.s_weight = TensorScale(cfg.recipe, f"{name}.weight", fmax, cfg)
         self.has_bias = layer.has_bias
@@ -191,10 +201,9 @@ class QuantizedProduct(nn.Cell):
             x = x.reshape((-1, shape[-1]))
         xq = self.quantized(x, self.s_input, self.q_input)
         wq = self.quantized(w, self.s_weight, self.q_weight)
-        if self.is_dense:
-            y = self.q_grad(layer.matmul(xq, wq))
-        else:
-            y = self.q_grad(layer.conv2d(xq, wq))
+        y = layer.matmul(xq, wq) if self.is_dense else layer.conv2d(xq, wq)
+        # a delayed scale is read here, in the forward pass, in the step's order of writes
+        y = self.q_grad(y, self.q_grad.history.scale * 1.0 if self.delayed else self.one)
         if self.has_bias:
             y = layer.bias_add(y, ops.cast(layer.bias, y.dtype))
         if self.is_dense:
@@ -213,7 +222,8 @@ def _wrappable(net: nn.Cell):
         path = path[len(AMP_WRAPPER):] if path.startswith(AMP_WRAPPER) else path
         for attr, child in list(cell.name_cells().items()):
             if isinstance(child, PRODUCTS):
-                yield cell, attr, f"{path}.{attr}" if path else attr
+                # a layer inside a tap (lsexp.taps.cells.Tap) is named as the tap names it
+                yield cell, attr, getattr(cell, "tap_name", None) or (f"{path}.{attr}" if path else attr)
 
 
 def products(net: nn.Cell) -> List[str]:
@@ -224,7 +234,8 @@ def products(net: nn.Cell) -> List[str]:
 def delayed_scales(wrapped: Dict[str, QuantizedProduct]) -> list:
     """The DelayedScaling cells of the wrapped products, for the train step to advance before each
     forward pass."""
-    return [s.history for q in wrapped.values() for s in (q.s_input, q.s_weight) if s.delayed]
+    return [h for q in wrapped.values() if q.delayed
+            for h in (q.s_input.history, q.s_weight.history, q.q_grad.history)]
 
 
 def install(net: nn.Cell, cfg, host: Optional[bool] = None) -> Dict[str, QuantizedProduct]:

@@ -43,22 +43,24 @@ class PrecisionTable:
     tensor per step as history columns and metrics, and per-tensor means in summary.json."""
 
     def __init__(self):
-        self.rows: List[tuple] = []  # (step, tensor, scale, saturated, flushed)
+        self.rows: List[tuple] = []  # (step, overflow, tensor, scale, saturated, flushed)
         take()  # a build's probe or an earlier run in this process may have left counts
 
-    def add(self, step: int) -> dict:
+    def add(self, step: int, overflow: bool) -> dict:
         counts = take()
         for name in sorted(counts):
-            self.rows.append((step, name) + counts[name])
+            self.rows.append((step, int(overflow), name) + counts[name])
         if not counts:
             return dict.fromkeys(WORST, math.nan)
         return {WORST[0]: max(c[1] for c in counts.values()), WORST[1]: max(c[2] for c in counts.values())}
 
     def means(self) -> dict:
-        """Per tensor: the mean saturated and flushed fractions, and the mean log2 of its scale."""
+        """Per tensor, over the steps that did not overflow (an inf in a gradient is not the format's
+        doing): the mean saturated and flushed fractions, and the mean log2 of its scale."""
         by: Dict[str, list] = {}
-        for _, name, scale, saturated, flushed in self.rows:
-            by.setdefault(name, []).append((scale, saturated, flushed))
+        for _, overflow, name, scale, saturated, flushed in self.rows:
+            if not overflow:
+                by.setdefault(name, []).append((scale, saturated, flushed))
         return {name: {"scale_log2": float(np.mean([math.log2(s) for s, _, _ in v if s > 0] or [math.nan])),
                        "saturated_fraction": float(np.mean([x for _, x, _ in v])),
                        "flushed_fraction": float(np.mean([x for _, _, x in v]))} for name, v in by.items()}
@@ -66,5 +68,5 @@ class PrecisionTable:
     def write(self, out_dir: Path) -> None:
         with open(out_dir / "precision.csv", "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(("step", "tensor") + COLUMNS)
+            writer.writerow(("step", "overflow", "tensor") + COLUMNS)
             writer.writerows(self.rows)

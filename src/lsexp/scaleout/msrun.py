@@ -144,7 +144,9 @@ def params_digest(step_cell, state=()) -> str:
     for param in list(step_cell.network.trainable_params()) + kept + fp8:
         digest.update(param.name.encode())
         value = param.asnumpy()
-        if param.name.endswith(".amax_history"):  # slot 0: this rank's own amax, reduced at the next step
+        if param.name.endswith(".pending"):  # a gradient's: this rank's own amax, reduced at the next step
+            continue
+        if param.name.endswith(".amax_history"):  # slot 0: likewise
             value = value[1:]
         digest.update(value.tobytes())
     return digest.hexdigest()

@@ -217,7 +217,7 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
     if run.layer_table is not None:  # the taps' statistics follow the rest
         row.update(run.layer_table.add(step, scale, overflow, values[5 + len(run.columns):]))
     if run.precision_table is not None:  # counted by the casts' own kernels, read before a replay's
-        row.update(run.precision_table.add(step))
+        row.update(run.precision_table.add(step, overflow))
     if run.locator is not None:
         row.update(_locate(run, step, x, y, scale) if overflow else _CLEAN)
     run.history.rows.append(row)
