@@ -214,16 +214,27 @@ class QuantizedProduct(nn.Cell):
         return y
 
 
+def _model_path(path: str, taps: List[str]) -> str:
+    """A cell's path as the model has it: without amp's wrapper, and without the `layer` hop of a tap
+    (lsexp.taps.cells.Tap, which holds the layer it wraps as `layer`)."""
+    path = path[len(AMP_WRAPPER):] if path.startswith(AMP_WRAPPER) else path
+    for tap in taps:
+        if path == f"{tap}.layer" or path.startswith(f"{tap}.layer."):
+            return tap + path[len(tap) + len(".layer"):]
+    return path
+
+
 def _wrappable(net: nn.Cell):
     """(parent, attribute, name) of each Dense and Conv2d the network calls as a cell."""
-    for path, cell in list(net.cells_and_names()):
+    cells = list(net.cells_and_names())
+    taps = sorted((_model_path(p, []) for p, c in cells if hasattr(c, "tap_name")), key=len, reverse=True)
+    for path, cell in cells:
         if isinstance(cell, READS_PARAMETERS):
             continue
-        path = path[len(AMP_WRAPPER):] if path.startswith(AMP_WRAPPER) else path
+        path = _model_path(path, taps)
         for attr, child in list(cell.name_cells().items()):
             if isinstance(child, PRODUCTS):
-                # a layer inside a tap (lsexp.taps.cells.Tap) is named as the tap names it
-                yield cell, attr, getattr(cell, "tap_name", None) or (f"{path}.{attr}" if path else attr)
+                yield cell, attr, f"{path}.{attr}" if path else attr
 
 
 def products(net: nn.Cell) -> List[str]:

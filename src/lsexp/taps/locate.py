@@ -88,6 +88,12 @@ class Locator:
             if [p.shape for p in copy] != [p.shape for p in live]:
                 raise RuntimeError("the locator's copy of the network differs from the step's")
             self.sources = [(c, self.kept.get(id(p), p)) for c, p in zip(copy, live)]
+            # a precision recipe's delayed scales (lsexp.precision), by name: the replay quantises with
+            # the scales the step had
+            scales = [p for p in self.loss_net.get_parameters() if "lsexp_fp8." in p.name]
+            for c in net.get_parameters():
+                if c.name.startswith("lsexp_fp8."):
+                    self.sources += [(c, p) for p in scales if p.name.endswith(c.name)][:1]
             self.restore = []
         self.taps = taps
         self.replay = _Replay(net, taps.probes(entry=True))
