@@ -63,7 +63,7 @@ def _flushed(client, run_id, folder):
 def test_eight_bit_study_sets_each_recipe_against_float32_and_float16(tmp_path):
     arms = ["float32", "dynamic", "fp8_delayed", "mxfp8"]
     client, parent, children = study_sweep(
-        tmp_path, "experiment=eight_bit", "train.max_steps=60", "loss_scale.init_loss_scale=1024",
+        tmp_path, "experiment=eight_bit", "train.max_steps=60",
         f'hydra.sweeper.params={{arm:"{",".join(arms)}",train.seed:"1,2"}}')
     assert len(children) == 2 * len(arms)
     rows = {(r["arm"], r["dtype"]): r for r in study_table(tmp_path, client, parent, "eight_bit")}
