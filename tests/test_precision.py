@@ -21,7 +21,8 @@ def _scaled_reference(x, fmt, fmt_max):
     return quantize(x * scale, fmt, saturate=True) * (np.float32(1) / scale)
 
 
-@pytest.mark.parametrize("host", [True, False], ids=["numpy kernels", "mindspore ops"])
+@pytest.mark.parametrize("host", [True, pytest.param(False, marks=pytest.mark.slow)],
+                         ids=["numpy kernels", "mindspore ops"])
 @pytest.mark.parametrize("recipe", ["fp8_current", "mxfp8", "hif8_current"])
 def test_a_quantised_dense_computes_with_the_formats_values_forward_and_back(recipe, host):
     import mindspore as ms
@@ -62,8 +63,11 @@ def test_a_quantised_dense_computes_with_the_formats_values_forward_and_back(rec
     configure()
 
 
-@pytest.mark.parametrize("recipe, loss_scale", [("fp8_delayed", "dynamic"), ("fp8_current", "fixed_nodrop"),
-                                                ("mxfp8", "fixed_drop"), ("hif8_current", "dynamic")])
+# one in the default suite; the rest, and every loss_scale option on two workloads, in the slow step
+@pytest.mark.parametrize("recipe, loss_scale", [
+    ("fp8_delayed", "dynamic"), pytest.param("fp8_current", "fixed_nodrop", marks=pytest.mark.slow),
+    pytest.param("mxfp8", "fixed_drop", marks=pytest.mark.slow),
+    pytest.param("hif8_current", "dynamic", marks=pytest.mark.slow)])
 def test_every_recipe_trains_under_a_dropping_or_a_non_dropping_scale(train_run, recipe, loss_scale):
     summary, rows, _ = train_run("model=mlp", "dataset=digits", "amp=O2", f"loss_scale={loss_scale}",
                                  f"precision={recipe}", "train.max_steps=20")
@@ -84,6 +88,7 @@ def test_every_recipe_trains_twenty_steps_under_every_loss_scale_option(train_ru
         assert summary["steps"] == 20 and np.isfinite(summary["final_loss"]), option
 
 
+@pytest.mark.slow
 def test_delayed_scales_are_checkpointed_and_resume_is_exact(train_run):
     import mindspore as ms
 
