@@ -2,16 +2,12 @@
 a small sweep, its table checked against the runs' own metrics and precision tables."""
 
 import csv
-import math
-import re
-import statistics
 
 import numpy as np
 import pytest
-from scipy.stats import t as student_t
 
 from conftest import compose_cfg
-from helpers.study_sweep import study_sweep, study_table
+from helpers.study_sweep import cell_values, interval, study_sweep, study_table
 
 # each arm: amp level, loss_scale option, precision option
 ARMS = {
@@ -37,16 +33,6 @@ def test_each_arm_composes_its_precision_recipe_on_float16(experiment, model, se
         assert (choices.loss_scale, choices.precision) == (option, precision)
         assert (cfg.amp.level, cfg.amp.dtype) == (level, "float16")
         assert cfg.study == "eight_bit" and cfg.model._target_.split(".")[2] == model
-
-
-def _interval(values):
-    mean, std = float(np.mean(values)), statistics.stdev(values)
-    half = student_t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values))
-    return mean, std, mean - half, mean + half
-
-
-def _cell(cell: str):
-    return tuple(float(x) for x in re.fullmatch(r"(\S+) ± (\S+) \[(\S+), (\S+)\]", cell).groups())
 
 
 def _flushed(client, run_id, folder):
@@ -78,13 +64,13 @@ def test_eight_bit_study_sets_each_recipe_against_float32_and_float16(tmp_path):
         if arm == "-":
             continue
         assert row["seeds"] == "2"
-        assert _cell(row["eval_loss"]) == pytest.approx(_interval(losses[arm]), rel=1e-3)
+        assert cell_values(row["eval_loss"]) == pytest.approx(interval(losses[arm]), rel=1e-3)
         for against, column in (("float32", "vs_float32"), ("dynamic", "vs_float16")):
             if arm in ("float32", against) or (column == "vs_float16" and arm == "dynamic"):
                 assert row[column] == ""
                 continue
-            low, high = _interval(losses[arm])[2:]
-            ref = _interval(losses[against])
+            low, high = interval(losses[arm])[2:]
+            ref = interval(losses[against])
             assert row[column] == ("above" if low > ref[3] else "below" if high < ref[2] else "overlaps")
         if arm in ("fp8_delayed", "mxfp8"):  # the most flushed tensors, from each seed's precision.csv
             flushed = [_flushed(client, c.info.run_id, tmp_path / "dl" / c.info.run_id) for c in runs(arm)]

@@ -3,18 +3,15 @@ as a small sweep, its table checked against the runs' own metrics, histories and
 
 import csv
 import math
-import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy.stats import t as student_t
 
 from conftest import compose_cfg
-from helpers.study_sweep import study_sweep, study_table
+from helpers.study_sweep import cell_values, interval, study_sweep, study_table
 
 # each arm: its amp level and the loss_scale option it selects
 ARMS = {
@@ -45,17 +42,6 @@ def test_each_arm_composes_its_precision_and_strategy_and_the_sweep_spans_the_to
         assert cfg.model._target_.split(".")[2] == model
         assert cfg.optimizer._target_ == "mindspore.nn.AdamWeightDecay"  # eps / K keeps float32 unchanged
     assert compose_cfg(f"experiment={experiment}", "arm=fixed_drop_256").loss_scale.loss_scale == 256.0
-
-
-def _interval(values):
-    """mean, std and the 95% Student's t interval, by hand."""
-    mean, std = float(np.mean(values)), statistics.stdev(values)
-    half = student_t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values))
-    return mean, std, mean - half, mean + half
-
-
-def _cell(cell: str):
-    return tuple(float(x) for x in re.fullmatch(r"(\S+) ± (\S+) \[(\S+), (\S+)\]", cell).groups())
 
 
 def _lost(client, run_id, folder):
@@ -96,7 +82,7 @@ def test_large_batch_study_sets_float16_with_and_without_a_scale_against_float32
         values = [c.data.metrics["eval_loss"] for c in mine]
         losses[(n_label, arm)] = values
         if all(math.isfinite(v) for v in values) and values[0] != values[1]:
-            assert _cell(row["eval_loss"]) == pytest.approx(_interval(values), rel=1e-3, abs=1e-4)
+            assert cell_values(row["eval_loss"]) == pytest.approx(interval(values), rel=1e-3, abs=1e-4)
         skipped = [c.data.metrics["skipped_steps"] for c in mine]
         assert row["skipped_updates"].split(" ")[0] == f"{np.mean(skipped):.4g}"
         # the first growth, from the logged scale: dynamic's window is 2000 steps, longer than the run
@@ -116,7 +102,7 @@ def test_large_batch_study_sets_float16_with_and_without_a_scale_against_float32
     assert losses[("T = 2^5", "float32")] == losses[("2^24", "float32")]
     # the effect: at N = 2^24 float16 without a scale ends wholly above float32, and the dynamic scale
     # keeps what none flushes
-    reference = _interval(losses[("2^24", "float32")])
+    reference = interval(losses[("2^24", "float32")])
     assert rows[("2^24", "none", "float16")]["vs_float32"] == "above"
     assert min(losses[("2^24", "none")]) > reference[3]
     none_lost = dict(item.rsplit(" ", 1) for item in rows[("2^24", "none", "float16")]
@@ -129,9 +115,9 @@ def test_large_batch_study_sets_float16_with_and_without_a_scale_against_float32
         if key[1] in ("", "float32") or key[0] == "":
             continue
         values = losses[(key[0], key[1])]
-        ref = _interval(losses[(key[0], "float32")])
+        ref = interval(losses[(key[0], "float32")])
         if all(math.isfinite(v) for v in values) and values[0] != values[1]:
-            low, high = _interval(values)[2:]
+            low, high = interval(values)[2:]
             expected = "above" if low > ref[3] else "below" if high < ref[2] else "overlaps"
             assert row["vs_float32"] == expected
 

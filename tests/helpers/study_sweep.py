@@ -26,3 +26,23 @@ def study_table(tmp_path, client, parent, study):
     assert parent.data.tags["lsexp.study"] == study
     with open(folder / f"{study}.csv") as f:
         return list(csv.DictReader(f))
+
+
+def interval(values):
+    """mean, std and the 95% Student's t interval, by hand, to check a table's cells against."""
+    import math
+    import statistics
+
+    import numpy as np
+    from scipy.stats import t as student_t
+
+    mean, std = float(np.mean(values)), statistics.stdev(values)
+    half = student_t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values))
+    return mean, std, mean - half, mean + half
+
+
+def cell_values(cell: str):
+    """A table's `mean ± std [low, high]` cell as four floats."""
+    import re
+
+    return tuple(float(x) for x in re.fullmatch(r"(\S+) ± (\S+) \[(\S+), (\S+)\]", cell).groups())

@@ -96,6 +96,21 @@ def over_seeds(values: Iterable[float]) -> str:
     return Interval.of(list(values)).cell()
 
 
+def side(mine: Interval, reference: Interval, diverged: int = 0) -> str:
+    """Where a group's 95% interval lies against a reference's: `above` (wholly), `overlaps` or `below`;
+    `above` for a group whose every seed diverged (`diverged` of them, none left to average), and empty
+    where either has fewer than two seeds."""
+    if mine.n == 0:
+        return "above" if diverged else ""
+    if reference.n < 2 or mine.n < 2:
+        return ""
+    if mine.low > reference.high:
+        return "above"
+    if mine.high < reference.low:
+        return "below"
+    return "overlaps"
+
+
 def _seed_order(run: StudyRun):
     return (0, int(run.seed)) if str(run.seed).lstrip("-").isdigit() else (1, str(run.seed))
 

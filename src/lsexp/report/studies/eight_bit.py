@@ -28,7 +28,7 @@ from typing import Dict, List
 import numpy as np
 
 from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, over_seeds
+from lsexp.report.studies import StudyRun, over_seeds, side
 from lsexp.report.studies.engines import steady_speed
 from lsexp.report.studies.large_batch import eval_loss
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
@@ -64,18 +64,6 @@ def _worst(runs: List[StudyRun], which: int) -> str:
     return "; ".join(f"{name} {value:.2e}" for name, value in top if value > 0) or ("0" if means else "")
 
 
-def _side(mine: Interval, reference: Interval, diverged: int) -> str:
-    if mine.n == 0:
-        return "above" if diverged else ""
-    if reference.n < 2 or mine.n < 2:
-        return ""
-    if mine.low > reference.high:
-        return "above"
-    if mine.high < reference.low:
-        return "below"
-    return "overlaps"
-
-
 def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
     found: Dict[tuple, List[StudyRun]] = defaultdict(list)
     for run in runs:
@@ -109,9 +97,9 @@ def table(runs: List[StudyRun]):
             "precision": mine[0].param("precision.recipe", "none"),
             "seeds": len(mine),
             "eval_loss": interval.cell(),
-            "vs_float32": "" if arm_name == REFERENCE else _side(interval, Interval.of(
+            "vs_float32": "" if arm_name == REFERENCE else side(interval, Interval.of(
                 losses.get((name, REFERENCE), [])), len(diverged)),
-            "vs_float16": "" if arm_name in (REFERENCE, FLOAT16) else _side(interval, Interval.of(
+            "vs_float16": "" if arm_name in (REFERENCE, FLOAT16) else side(interval, Interval.of(
                 losses.get((name, FLOAT16), [])), len(diverged)),
             "eval_accuracy": over_seeds(r.metrics.get("eval_accuracy", math.nan) for r in mine),
             "skipped_updates": over_seeds(float(r.metrics.get("skipped_steps", 0)) for r in mine),

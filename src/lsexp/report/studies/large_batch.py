@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, log2, over_seeds
+from lsexp.report.studies import StudyRun, log2, over_seeds, side
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
 
 ARMS = ["float32", "none", "fixed_drop_256", "fixed_drop_65536", "dynamic", "dynamic_hysteresis",
@@ -99,18 +99,6 @@ def _n_label(n: Optional[int], t: float) -> str:
     return f"T = {name}" if n is None else name
 
 
-def _side(mine: Interval, reference: Interval, diverged: int) -> str:
-    if mine.n == 0:
-        return "above" if diverged else ""
-    if reference.n < 2 or mine.n < 2:
-        return ""
-    if mine.low > reference.high:
-        return "above"
-    if mine.high < reference.low:
-        return "below"
-    return "overlaps"
-
-
 def _layers_cell(runs: List[StudyRun]) -> str:
     per_seed = [lost_by_layer(r) for r in runs]
     layers = list(dict.fromkeys(name for seed in per_seed for name in seed))
@@ -166,7 +154,7 @@ def table(runs: List[StudyRun]):
             "dtype": "float32" if mine[0].param("amp.level") == "O0" else mine[0].param("amp.dtype"),
             "seeds": len(mine),
             "eval_loss": interval.cell(),
-            "vs_float32": "" if arm_name == REFERENCE else _side(interval, reference, len(diverged)),
+            "vs_float32": "" if arm_name == REFERENCE else side(interval, reference, len(diverged)),
             "eval_accuracy": over_seeds(r.metrics.get("eval_accuracy", math.nan) for r in mine),
             "skipped_updates": over_seeds(float(r.metrics.get("skipped_steps", 0)) for r in mine),
             "steps_to_first_growth": _growth_cell(arm_name, mine),
