@@ -129,6 +129,13 @@ def _why(log_dir: Path, code: int) -> str:
         errors = [line for line in lines if "Error" in line or "error:" in line]
         if errors:
             return f"rank {log.stem.split('_')[-1]} failed: {errors[-1][:300]} (log: {log})"
+    # no rank said why: msrun's scheduler may have (a rank that never joined, a port taken)
+    scheduler = log_dir / "scheduler.log"
+    if scheduler.exists():
+        said = [line.strip() for line in scheduler.read_text(errors="replace").splitlines()
+                if "ERROR" in line or "Error" in line or "failed" in line.lower()]
+        if said:
+            return f"msrun exited with {code}; its scheduler: {said[-1][:300]} (log: {scheduler})"
     return f"msrun exited with {code} before every rank finished; the ranks' logs are in {log_dir}"
 
 
