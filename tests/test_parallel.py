@@ -60,7 +60,8 @@ def _lsexp(tmp_path, *overrides, name="run"):
     out = run_cli(*DP, "amp=O2", f"tracking.uri={uri}", f"hydra.run.dir={name}", *overrides, cwd=tmp_path)
     if out.returncode != 0:  # pytest removes the logs with tmp_path: keep their ends in the failure
         for log in sorted((tmp_path / name / "msrun_log").glob("*.log")):
-            out.stderr += f"\n--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+            tail = log.read_text(errors="replace").splitlines()[-15:]
+            out.stderr += f"\n--- {log.name}:\n" + "\n".join(tail)
     return out, uri, tmp_path / name
 
 

@@ -23,7 +23,15 @@ from lsexp import schedules, strategies
 from lsexp.config import families, hydra_errors
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import batch_tokens, known_num_train, total_steps, world_size
-from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS, MODES, OBJECTIVES, ON_SKIP, PARALLEL_MODES
+from lsexp.config.schema import (
+    AMP_DTYPES,
+    AMP_LEVELS,
+    MODES,
+    OBJECTIVES,
+    ON_SKIP,
+    OVERFLOW_MODES,
+    PARALLEL_MODES,
+)
 from lsexp.report import studies
 from lsexp.runtime.device import device_problems
 from lsexp.scaleout import launchers
@@ -127,6 +135,7 @@ def validate(cfg: DictConfig) -> Strategy:
         )
 
     p += _precision_problems(cfg)
+    p += _overflow_mode_problems(cfg)
     p += device_problems(cfg.device)
     if p:
         raise ConfigError(p)
@@ -148,13 +157,39 @@ def _inject_problems(cfg: DictConfig) -> List[str]:
             p.append(f"inject.layer={i.layer} with train.accumulate_steps={k}: injection at a layer counts "
                      f"optimizer steps, not micro-batches; set train.accumulate_steps=1 or drop inject.layer")
     asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
-                                (f"inject.layer={i.layer}", i.layer is not None)) if on]
+                                (f"inject.layer={i.layer}", i.layer is not None),
+                                ("device.overflow_mode=saturation", _saturates(cfg))) if on]
     if asks and cfg.train.mode != "graph":
         p.append(f"{' and '.join(asks)} with train.mode={cfg.train.mode}: the taps are in the compiled step; "
                  f"set train.mode=graph")
     if cfg.telemetry.layers and k > 1:
         p.append(f"telemetry.layers=true with train.accumulate_steps={k}: the taps measure one micro-batch; "
                  f"set train.accumulate_steps=1 or use telemetry=grads")
+    return p
+
+
+def _saturates(cfg: DictConfig) -> bool:
+    return cfg.device.get("overflow_mode", "infnan") == "saturation"
+
+
+def _overflow_mode_problems(cfg: DictConfig) -> List[str]:
+    """device.overflow_mode and device.status_check (lsexp.taps.saturation)."""
+    mode = cfg.device.get("overflow_mode", "infnan")
+    if mode not in OVERFLOW_MODES:
+        return [f"device.overflow_mode={mode}: no such mode; use infnan (inf and NaN, as GPUs and CPUs "
+                f"report an overflow) or saturation (Ascend's saturation mode, emulated)"]
+    if mode != "saturation":
+        return []
+    p = []
+    if cfg.amp.level == "O0":
+        p.append("device.overflow_mode=saturation with amp.level=O0: float32 does not overflow where float16 "
+                 "saturates; use amp=O2 (or amp=O1, O3)")
+    if cfg.parallel.parallel_mode == "data_parallel":
+        p.append("device.overflow_mode=saturation with parallel=data: the emulated status flag is not yet "
+                 "reduced over the ranks; use parallel=none")
+    if str(cfg.device.device_target) == "Ascend":
+        p.append("device.overflow_mode=saturation with device=ascend: the chip has the mode itself; set "
+                 "INF_NAN_MODE_ENABLE=0 (910B/C) and keep device.overflow_mode=infnan, or emulate it on CPU")
     return p
 
 
@@ -208,7 +243,8 @@ def tap_problems(cfg: DictConfig, net) -> List[str]:
                     f"no nn.Dense or nn.Conv2d for the recipe to quantise; use precision=none"]
 
     asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
-                                (f"inject.layer={cfg.inject.layer}", cfg.inject.layer is not None)) if on]
+                                (f"inject.layer={cfg.inject.layer}", cfg.inject.layer is not None),
+                                ("device.overflow_mode=saturation", _saturates(cfg))) if on]
     if not asks:
         return []
     try:

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_DTYPES = ("float16", "bfloat16")
 MODES = ("graph", "pynative")
+OVERFLOW_MODES = ("infnan", "saturation")  # device.overflow_mode
 OBJECTIVES = ("final_loss", "eval_accuracy")
 PARALLEL_MODES = ("stand_alone", "data_parallel")
 
@@ -162,6 +163,14 @@ class DeviceConfig:
     # binds on Ascend hosts only, from cgroup v1's cpuset). None: unbound, or, when a sweep runs jobs
     # side by side on one machine, a share of its cores that no other running job holds.
     affinity_cpu_list: Optional[List[int]] = None
+    # How float16 arithmetic reports an overflow. infnan: as inf and NaN (GPU, CPU, Ascend 910B/C by
+    # default). saturation: Ascend's saturation mode (910A; 910B/C with INF_NAN_MODE_ENABLE=0), emulated
+    # at every layer: an inf becomes the type's largest value with its sign, a NaN 0, and an emulated
+    # float-status flag is raised (lsexp.taps.saturation).
+    overflow_mode: str = "infnan"
+    # Under saturation: the overflow check reads the status flag, as MindSpore does on Ascend. False:
+    # it checks the values only, which saturation has made finite.
+    status_check: bool = True
 
 
 @dataclass

@@ -17,3 +17,6 @@ AMAX = ("grad_amax",)
 # headroom_log2: log2(FP16_MAX / max|S*g|), how many powers of two the largest scaled gradient stayed below
 # float16's largest value; the loop makes it NaN on a step that overflowed
 TELEMETRY = ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2")
+# device.overflow_mode=saturation: 1 where the emulated float-status register was raised (a value saturated
+# in a tapped layer or a parameter gradient), whether or not the check read it; last
+STATUS = ("float_status",)

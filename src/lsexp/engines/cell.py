@@ -31,11 +31,12 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
                  native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
                  micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
-                 advance=()):
+                 advance=(), saturation=None):
         super().__init__(network, optimizer, scale_sense)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
-        self._init_taps(probes, layer_factor, keep_weights=False)  # an overflowed update is not applied
+        # an overflowed update is not applied
+        self._init_taps(probes, layer_factor, keep_weights=False, saturation=saturation)
         self._init_precision(advance)
         self._init_snapshot(histogram)
         self._init_recipe(recipe, measure_amax)
@@ -72,23 +73,28 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
             grads = self.grad(self.network, self.grad_params)(*inputs, scaling_sens_filled)
         else:
             loss, grads = self._accumulate(inputs, scaling_sens)
-        grads, layers = self._split(grads)
+        grads, layers, statuses = self._split(grads)
         telemetry, loss = self._observe(grads, scale_used, loss)
-        if not self.clip:  # with clipping, the unscale is the clip's multiply, after the check
-            grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
         # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
+        # Saturation, where the mode asks for it, acts on what injection left, as a chip's would on an
+        # operation that overflowed; the unscale follows, as on the chip (an injected inf stays inf).
         grads = self._advance_and_inject(grads)
+        grads, flag = self._saturate(grads, statuses)
+        if not self.clip:  # with clipping, the unscale is the clip's multiply, after the check
+            grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         grads = self.grad_reducer(grads)
         amax = []
         if self.measure_amax:  # the update cell predicts the scale from it (with clipping, still scaled)
             measured, finite = self._amax_and_finite(grads, scale_used if self.clip else None)
             # on CPU the amax's pass is the overflow check; a device's own status register stays
             cond = self.get_overflow_status(status, grads) if self.native_check else ops.logical_not(finite)
+            cond = self._checked(cond, flag)
             overflow = self.loss_scaling_manager(self.scale_sense, cond, measured)
             amax = [measured]
         else:
-            cond = self.get_overflow_status(status, grads)
+            # where MindSpore reads the chip's float status (NPUGetFloatStatusV2) in saturation mode
+            cond = self._checked(self.get_overflow_status(status, grads), flag)
             overflow = self.process_loss_scale(cond)
         clip = []
         if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped
@@ -101,7 +107,8 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, lr, telemetry + amax + clip, layers)
+        return self._stats(loss, cond, scale_used, overflow, self.one, lr,
+                           telemetry + amax + clip + self._status_column(flag), layers)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -114,11 +121,11 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
                  native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
                  micro_batch=0, probes=(), layer_factor=None, keep_weights=False,
-                 advance=()):
+                 advance=(), saturation=None):
         super().__init__(network, optimizer, sens)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
-        self._init_taps(probes, layer_factor, keep_weights)
+        self._init_taps(probes, layer_factor, keep_weights, saturation=saturation)
         self._init_precision(advance)
         self._init_snapshot(histogram)
         self._init_recipe(recipe)
@@ -142,11 +149,12 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
             loss, grads = self._micro_step(self.sens, *inputs)
         else:
             loss, grads = self._accumulate(inputs, self.sens)
-        grads, layers = self._split(grads)
+        grads, layers, statuses = self._split(grads)
         telemetry, loss = self._observe(grads, self.scale, loss)
         grads = self._advance_and_inject(grads)
+        grads, flag = self._saturate(grads, statuses)
         grads = self.grad_reducer(grads)
-        overflow = ops.logical_not(all_finite(grads))
+        overflow = self._checked(ops.logical_not(all_finite(grads)), flag)
         loss = self._keep_weights(overflow, loss)
         clip = []
         if self.clip:  # of the unscaled gradients; the factor also unscales them when the optimizer does not
@@ -159,16 +167,18 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr, telemetry + clip, layers)
+        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr,
+                           telemetry + clip + self._status_column(flag), layers)
 
 
 def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
                      native_check: bool, rank: int = 0, recipe: Recipe = Recipe(), probes=(),
-                     layer_factor=None, keep_weights=False, advance=()) -> nn.Cell:
+                     layer_factor=None, keep_weights=False, advance=(), saturation=None) -> nn.Cell:
     """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
     overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
     kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe, probes=probes,
-                  layer_factor=layer_factor, keep_weights=keep_weights, advance=advance)
+                  layer_factor=layer_factor, keep_weights=keep_weights, advance=advance,
+                  saturation=saturation)
     if not strategy.drops_overflow:
         return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
     return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(),

@@ -46,7 +46,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
                  last_step=0, native_check=False, telemetry=False, histogram=False, inject_graph=False,
                  accumulate_steps=1,
                  micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
-                 advance=()):
+                 advance=(), saturation=None):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -56,8 +56,9 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.grad_reducer = _grad_reducer(self.weights)
         self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
                             micro_batch)
+        self._init_taps(probes, layer_factor, keep_weights and not drop_overflow_update,
+                        saturation=saturation)
         self._init_recipe(recipe, measure_amax)
-        self._init_taps(probes, layer_factor, keep_weights and not drop_overflow_update)
         self._init_precision(advance)
         self._init_snapshot(histogram)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
@@ -91,9 +92,10 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             loss, grads = self._micro_step(scale, *inputs)
         else:
             loss, grads = self._accumulate(inputs, scale)
-        grads, layers = self._split(grads)
+        grads, layers, statuses = self._split(grads)
         telemetry, loss = self._observe(grads, scale, loss)
         grads = self._advance_and_inject(grads)
+        grads, flag = self._saturate(grads, statuses)
         grads = self.grad_reducer(grads)
         amax = []
         if self.measure_amax:  # the scaler predicts from it; its pass is the overflow check too
@@ -101,6 +103,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             amax = [measured]
         else:
             finite = all_finite(grads)
+        if self.status_check:  # where amp.all_finite reads the chip's float status in saturation mode
+            finite = ops.logical_not(flag)
         clip = []
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped
@@ -132,7 +136,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             loss = ops.depend(loss, self.scaler.adjust(finite))
         loss = self._schedule_moved(loss)
         return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr,
-                           telemetry + amax + clip, layers)
+                           telemetry + amax + clip + self._status_column(flag), layers)
 
 
 def build_train_step(
@@ -148,6 +152,7 @@ def build_train_step(
     layer_factor=None,
     keep_weights=False,
     advance=(),
+    saturation=None,
 ) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
     return FunctionalTrainStep(
@@ -161,5 +166,6 @@ def build_train_step(
         layer_factor=layer_factor,
         keep_weights=keep_weights,
         advance=advance,
+        saturation=saturation,
         **injection(cfg, last_step, native_check, rank),
     )

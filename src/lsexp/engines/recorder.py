@@ -13,7 +13,8 @@ import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore import dtype as mstype
 
-from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, TELEMETRY
+from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, STATUS, TELEMETRY
+from lsexp.formats.saturation import saturate_at, saturated
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -31,6 +32,31 @@ def _flatten_grad(grad):
     if grad.dtype != mstype.float32:  # decided when the graph compiles: float32 gradients need no cast
         grad = ops.cast(grad, mstype.float32)
     return grad.reshape((-1,))
+
+
+_saturate_as = ops.MultitypeFuncGraph("lsexp_saturate")
+
+
+@_saturate_as.register("Number", "Tensor")
+def _saturate_grad(largest, grad):
+    return saturate_at(grad, largest)
+
+
+_saturated = ops.MultitypeFuncGraph("lsexp_saturated")
+
+
+@_saturated.register("Tensor")
+def _saturated_grad(grad):
+    return saturated(grad)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """device.overflow_mode=saturation, as the train step takes it."""
+
+    probes: tuple  # the taps' status probes (lsexp.taps.cells.Taps.status_probes)
+    status_check: bool  # device.status_check: the overflow check reads the emulated flag, not the values
+    grad_largest: float  # where a non-finite parameter gradient saturates: amp.dtype's largest value
 
 
 @dataclass(frozen=True)
@@ -79,15 +105,21 @@ class StepRecorder:
         self.one = Tensor(1.0, mstype.float32)
         self.zero = Tensor(0.0, mstype.float32)
 
-    def _init_taps(self, probes=(), layer_factor=None, keep_weights=False):
+    def _init_taps(self, probes=(), layer_factor=None, keep_weights=False, saturation=None):
         """lsexp.taps' side of the step. probes: the taps' probe Parameters, whose gradients, taken with the
         weights', carry each layer's statistics out (telemetry=layers); they follow the step's other stats.
         layer_factor: inject.layer's factor, set before the forward pass (the weight gradients are then
         not poisoned). keep_weights: a step that applies every update keeps the weights it started from
-        when it overflows, so that the locator can replay it."""
+        when it overflows, so that the locator can replay it. saturation: device.overflow_mode=saturation's
+        Saturation (the taps' status probes and whether the overflow check reads the flag), or None."""
         self.n_weights = len(self.weights)
         self.probes = len(probes)
-        self.grad_params = ParameterTuple(list(self.weights) + list(probes)) if probes else self.weights
+        self.saturation = saturation is not None
+        statuses = list(saturation.probes) if self.saturation else []
+        self.status_check = self.saturation and saturation.status_check
+        self.grad_largest = saturation.grad_largest if self.saturation else None
+        extra = list(probes) + statuses
+        self.grad_params = ParameterTuple(list(self.weights) + extra) if extra else self.weights
         self.layer_inject = layer_factor is not None
         if self.layer_inject:
             self.layer_factor = layer_factor
@@ -146,10 +178,30 @@ class StepRecorder:
         return inputs
 
     def _split(self, grads):
-        """(weight gradients, the probes' statistics as one vector or None)."""
-        if self.probes:
-            return grads[:self.n_weights], ops.concat(grads[self.n_weights:])
-        return grads, None
+        """(weight gradients, the probes' statistics as one vector or None, the status probes' gradients)."""
+        n, end = self.n_weights, self.n_weights + self.probes
+        layers = ops.concat(grads[n:end]) if self.probes else None
+        return grads[:n], layers, grads[end:]
+
+    def _saturate(self, grads, statuses):
+        """(gradients, emulated float-status flag or None): under device.overflow_mode=saturation each
+        gradient saturated as the float16 (or bfloat16) operation that made it would have saturated it,
+        and the flag raised when that or a tap (statuses: their status probes' gradients) saturated a
+        value. The check reads the flag instead of the values with device.status_check."""
+        if not self.saturation:
+            return grads, None
+        count = ops.addn(self.hyper_map(_saturated, grads) + tuple(statuses))
+        return self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads), count > 0
+
+    def _checked(self, values_overflow, flag):
+        """The overflow the step acts on: the flag under saturation with its status check, else the
+        values' own."""
+        if self.status_check:
+            return flag
+        return values_overflow
+
+    def _status_column(self, flag) -> list:
+        return [ops.cast(flag, mstype.float32)] if self.saturation else []
 
     def _keep_weights(self, overflow, anchor):
         if self.keep:
@@ -165,7 +217,7 @@ class StepRecorder:
         self.step_one = Tensor([1], mstype.int32)
         # clipping's last, so that the loop's `clipped` lands beside it
         self.columns = ("lr",) + (TELEMETRY if self.telemetry else ()) + (AMAX if measure_amax else ()) + (
-            CLIP if self.clip else ())
+            CLIP if self.clip else ()) + (STATUS if self.saturation else ())
 
     def _lr(self):
         """The learning rate this step's update uses, or would use if it is skipped: read before the

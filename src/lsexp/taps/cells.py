@@ -34,6 +34,10 @@ class Transform(nn.Cell):
     state(): a tensor read in the forward pass and handed to backward. A Parameter the step sets must be
     read here: a bprop reads a Parameter out of the step's order of side effects, so it may see the value
     it had before the step set it.
+    replay(y, state): forward(y) again, from the state the forward pass read; status() runs it.
+    status(y, dout, state): a float32 scalar the tap hands the step as its status probe's gradient (an
+    emulated status register: how many values the transform changed, going forward and coming back);
+    y and dout as they reached the tap, before the transform.
     """
 
     def forward(self, y):
@@ -43,6 +47,12 @@ class Transform(nn.Cell):
         return dout
 
     def state(self):
+        return ops.zeros((), mstype.float32)
+
+    def replay(self, y, state):
+        return self.forward(y)
+
+    def status(self, y, dout, state):
         return ops.zeros((), mstype.float32)
 
 
@@ -138,7 +148,7 @@ class _Exit(nn.Cell):
             self.counts = ops.Custom(exit_stats_host, out_shape=lambda out, dout: (len(EXIT_STATS),),
                                      out_dtype=lambda out, dout: mstype.float32, func_type="pyfunc")
 
-    def construct(self, y, state, probe):
+    def construct(self, y, state, probe, status_probe):
         return self.transform.forward(y)
 
     def _stats(self, out, dout):
@@ -151,10 +161,11 @@ class _Exit(nn.Cell):
             return self.counts(out, dout)
         return exit_stats(out, dout, self.tiny, self.fp16_max)
 
-    def bprop(self, y, state, probe, out, dout):
+    def bprop(self, y, state, probe, status_probe, out, dout):
+        status = self.transform.status(y, dout, state)
         dout = self.transform.backward(dout, state)
         # as the output's own type: PyNative checks it, graph mode casts to it anyway
-        return ops.cast(dout, y.dtype), ops.zeros_like(state), self._stats(out, dout)
+        return ops.cast(dout, y.dtype), ops.zeros_like(state), self._stats(out, dout), status
 
 
 class _Entry(nn.Cell):
@@ -184,12 +195,15 @@ class Tap(nn.Cell):
                                          name=f"lsexp_tap.{name}.out", requires_grad=False)
         self.lsexp_probe_in = Parameter(Tensor(np.zeros(len(ENTRY_STATS) + 1, np.float32)),
                                         name=f"lsexp_tap.{name}.in", requires_grad=False)
+        self.lsexp_status = Parameter(Tensor(np.float32(0.0)), name=f"lsexp_tap.{name}.status",
+                                      requires_grad=False)
 
     def construct(self, x, *args, **kwargs):
         if x.dtype in _FLOATS:  # decided when the graph compiles; an integer input has no gradient
             x = self.entry(x, self.lsexp_probe_in)
         y = self.layer(x, *args, **kwargs)
-        return self.exit(y, ops.stop_gradient(self.exit.transform.state()), self.lsexp_probe_out)
+        return self.exit(y, ops.stop_gradient(self.exit.transform.state()), self.lsexp_probe_out,
+                         self.lsexp_status)
 
 
 _EXIT_AT = [STATS.index(k) for k in EXIT_STATS]
@@ -208,6 +222,10 @@ class Taps:
         entries' (ENTRY_STATS and a 1)."""
         out = [t.lsexp_probe_out for t in self.taps]
         return out + [t.lsexp_probe_in for t in self.taps] if entry else out
+
+    def status_probes(self) -> list:
+        """The probes whose gradients carry each transform's status() (device.overflow_mode=saturation)."""
+        return [t.lsexp_status for t in self.taps]
 
     def table(self, grads, entry: bool = True) -> np.ndarray:
         """The statistics as a (layers, STATS) array, from the probes' gradients in probes()'s order. A
@@ -257,6 +275,7 @@ def install(net: nn.Cell, names: Sequence[str], layers: dict,
             p.name = pname
         # and the parent its path into the probes'
         tap.lsexp_probe_out.name, tap.lsexp_probe_in.name = f"lsexp_tap.{name}.out", f"lsexp_tap.{name}.in"
+        tap.lsexp_status.name = f"lsexp_tap.{name}.status"
         taps.append(tap)
     return Taps(taps)
 
@@ -283,3 +302,8 @@ class LayerInjection(Transform):
 
     def state(self):
         return self.factor * 1  # read in the forward pass, in the step's order
+
+    def replay(self, y, state):
+        if self.on_backward:
+            return y
+        return y * ops.cast(state, y.dtype)

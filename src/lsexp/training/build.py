@@ -61,11 +61,12 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
     net = network(cfg) if net is None else net
     # the step's own network is tapped where the taps act or report in every step; the locator alone
     # replays an overflowed step on a tapped copy (lsexp.taps.locate), so a clean run compiles no tap
-    layers = tapped_layers(cfg, net) if cfg.telemetry.layers or cfg.inject.get("layer") else {}
+    tapped = cfg.telemetry.layers or cfg.inject.get("layer") or saturates(cfg)
+    layers = tapped_layers(cfg, net) if tapped else {}
     net = with_amp(cfg, net, out_dir)
     taps, injection = None, None
     if layers:  # after amp, so that the taps take no part in its casts
-        taps, injection = install_taps(cfg, net, layers)
+        taps, injection = install_taps(cfg, net, layers, saturates(cfg))
     advance = with_precision(cfg, net)
     loss_net = nn.WithLossCell(net, loss(cfg))
     optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step,
@@ -75,7 +76,8 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
                                  rank=rank, recipe=recipe,
                                  probes=taps.probes(entry=False) if cfg.telemetry.layers else (),
                                  layer_factor=None if injection is None else injection.factor,
-                                 keep_weights=locates(cfg), advance=advance)
+                                 keep_weights=locates(cfg), advance=advance,
+                                 saturation=step_saturation(cfg, taps) if saturates(cfg) else None)
     step_cell.set_train()
     return net, step_cell, taps
 
@@ -102,6 +104,21 @@ def with_precision(cfg, net) -> list:
     return delayed_scales(install(net, precision))
 
 
+def saturates(cfg) -> bool:
+    """device.overflow_mode=saturation: Ascend's saturation mode, emulated at every layer's tap."""
+    return cfg.device.get("overflow_mode", "infnan") == "saturation"
+
+
+def step_saturation(cfg, taps):
+    """What the train step takes of device.overflow_mode=saturation: the taps' status probes, whether its
+    check reads the emulated flag (device.status_check), and where a parameter gradient saturates."""
+    from lsexp.engines.recorder import Saturation
+    from lsexp.formats.saturation import BF16_MAX, FP16_MAX
+
+    return Saturation(tuple(taps.status_probes()), bool(cfg.device.status_check),
+                      FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX)
+
+
 def locates(cfg) -> bool:
     """telemetry.locate, in the compiled step (train.mode=graph) only."""
     return cfg.train.mode == "graph" and bool(cfg.telemetry.locate)
@@ -122,21 +139,30 @@ def tapped_layers(cfg, net) -> dict:
     return {name: cells[name] for name in names}
 
 
-def install_taps(cfg, net, layers: dict):
-    """(Taps, the inject.layer transform or None), installed in `net` in place."""
+def install_taps(cfg, net, layers: dict, saturating: bool = False):
+    """(Taps, the inject.layer transform or None), installed in `net` in place; with `saturating`, every
+    tap saturates (lsexp.taps.saturation), after the injection where there is one."""
     from lsexp.taps.cells import LayerInjection, install
 
     injection = None
     if cfg.inject.get("layer"):
         injection = LayerInjection(backward=cfg.inject["pass"] == "backward")
-    taps = install(net, list(layers), layers,
-                   lambda name: injection if name == cfg.inject.get("layer") else None)
-    return taps, injection
+
+    def transform_for(name):
+        mine = injection if name == cfg.inject.get("layer") else None
+        if not saturating:
+            return mine
+        from lsexp.taps.saturation import Saturation
+
+        return Saturation(mine)
+
+    return install(net, list(layers), layers, transform_for), injection
 
 
 def tapped_copy(cfg, out_dir: Path):
-    """The locator's loss network when the step's own is not tapped: the model built again, in amp.level's
-    precision, every layer tapped; or None when it has no layers. Its parameters have the step's names."""
+    """The locator's loss network when the step's own is not tapped (or its taps saturate, which would hide
+    what the locator looks for): the model built again, in amp.level's precision, every layer tapped; or
+    None when it has no layers. Its parameters have the step's names."""
     from mindspore import nn
 
     net = network(cfg)

@@ -139,7 +139,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
 def _taps(cfg, taps, step_cell, primary: bool, out_dir: Path) -> dict:
     """The run's side of lsexp.taps: the layer table of telemetry=layers, the locator of telemetry.locate
     (on rank 0, which replays its own shard)."""
-    from lsexp.training.build import locates, tapped_copy
+    from lsexp.training.build import locates, saturates, tapped_copy
 
     out: Dict[str, Any] = {}
     precision = cfg.get("precision")
@@ -155,7 +155,9 @@ def _taps(cfg, taps, step_cell, primary: bool, out_dir: Path) -> dict:
         from lsexp.taps.locate import Locator
 
         kept = list(zip(step_cell.weights, step_cell.shadow)) if step_cell.keep else []
-        out["locator"] = Locator(step_cell.network, taps, kept, lambda: tapped_copy(cfg, out_dir))
+        # under saturation the step's taps hide every inf: the replay runs on a copy that keeps them
+        mine = None if saturates(cfg) else taps
+        out["locator"] = Locator(step_cell.network, mine, kept, lambda: tapped_copy(cfg, out_dir))
     return out
 
 

@@ -1,0 +1,56 @@
+"""Ascend's saturation mode as a conversion rule (device.overflow_mode=saturation): on Atlas training
+chips (910A), and on 910B/C with INF_NAN_MODE_ENABLE=0, an operation whose result overflows its type
+returns the type's largest finite value with the result's sign, and one whose result is NaN returns 0.
+The chip raises its float-status register when it does; no value shows it.
+
+saturate() applies the rule to a tensor in MindSpore ops, as the compiled step runs it: finite values
+pass bit for bit (the rule is a selection, no arithmetic, so a CPU kernel's flush of subnormals cannot
+touch them). Float16, bfloat16 and float32 saturate at their own largest value; another type passes."""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import dtype as mstype
+from mindspore import ops
+
+FP16_MAX = 65504.0
+BF16_MAX = float(np.float32(3.3895313892515355e38))  # 0x7F7F: bfloat16's largest finite value
+FP32_MAX = float(np.finfo(np.float32).max)
+
+
+def _largest(dtype):
+    top = FP32_MAX
+    if dtype == mstype.float16:
+        top = FP16_MAX
+    if dtype == mstype.bfloat16:
+        top = BF16_MAX
+    return top
+
+
+def _saturates(dtype):
+    return dtype == mstype.float16 or dtype == mstype.bfloat16 or dtype == mstype.float32
+
+
+def saturate(x):
+    """x with +-inf as +-its type's largest finite value and NaN as 0; every finite value unchanged."""
+    return saturate_at(x, _largest(x.dtype))
+
+
+def saturate_at(x, largest):
+    """saturate() with +-`largest` for +-inf: a float32 gradient that a float16 operation made saturates
+    at float16's largest value."""
+    # no branch on `largest` here: graph mode cannot compile one inside a bprop
+    out = x
+    if _saturates(x.dtype):
+        top = ops.fill(x.dtype, (), largest)
+        zero = ops.zeros((), x.dtype)
+        out = ops.where(ops.isfinite(x), x, ops.where(x > 0, top, ops.where(x < 0, -top, zero)))
+    return out
+
+
+def saturated(x):
+    """How many of x's values saturate() changes (its infinities and NaNs), as a float32 scalar."""
+    count = ops.zeros((), mstype.float32)
+    if _saturates(x.dtype):
+        count = ops.cast(ops.logical_not(ops.isfinite(x)), mstype.float32).sum()
+    return count

@@ -1,0 +1,179 @@
+"""device.overflow_mode=saturation: Ascend's saturation mode emulated at the taps. The rule equals a numpy
+transcription on every special value, going forward and coming back; with an overflow injected at step 7
+no tapped tensor holds an inf or a NaN, the emulated flag is raised there and only there, the check that
+reads it skips what infnan skips, and the check of the values alone lets the corrupted update through."""
+
+import csv
+import math
+
+import numpy as np
+import pytest
+
+from conftest import run_cli
+
+# Ascend's rule (docs/saturation.md): a result beyond the type's range is its largest finite value with
+# the result's sign, a NaN result is 0, every other value is itself.
+LARGEST = {np.float16: 65504.0, np.float32: float(np.finfo(np.float32).max)}
+
+
+def saturate_reference(a: np.ndarray) -> np.ndarray:
+    top = a.dtype.type(LARGEST[a.dtype.type])
+    return np.where(np.isfinite(a), a, np.where(a > 0, top, np.where(a < 0, -top, a.dtype.type(0))))
+
+
+def _specials(dtype):
+    with np.errstate(over="ignore"):
+        values = np.array([np.inf, -np.inf, np.nan, -np.nan, 65504.0, -65504.0, 65505.0, 65519.0, 65520.0,
+                           -65520.0, 1e30, -1e30, 3.4e38, 0.0, -0.0, 6e-8, -6e-8, 1e-40, 1.0, -2.5],
+                          np.float32).astype(dtype)
+    rng = np.random.default_rng(0)
+    noise = (rng.standard_normal(64) * 1e4).astype(dtype)
+    return np.concatenate([values, noise])
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["float16", "float32"])
+def test_saturation_acts_on_each_tensor_as_the_rule_says_going_forward_and_back(dtype):
+    import mindspore as ms
+    from mindspore import nn
+
+    from lsexp.formats.saturation import saturate, saturated
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class Saturated(nn.Cell):  # forward through the rule; its bprop, as a tap's, through it again
+        def construct(self, x):
+            return saturate(x)
+
+        def bprop(self, x, out, dout):
+            return (saturate(dout),)
+
+    class Forward(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.s = Saturated()
+
+        def construct(self, x):
+            return self.s(x), saturated(x)
+
+    class Backward(nn.Cell):  # the gradient of sum(s(x) * g) reaching x is s(g)
+        def __init__(self):
+            super().__init__()
+            self.s = Saturated()
+
+        def construct(self, x, g):
+            return (self.s(x) * g).sum()
+
+    a = _specials(dtype)
+    want = saturate_reference(a)
+    got, count = Forward()(ms.Tensor(a))
+    bits = np.uint16 if dtype == np.float16 else np.uint32
+    np.testing.assert_array_equal(got.asnumpy().view(bits), want.view(bits))  # -0 and subnormals too
+    assert float(count.asnumpy()) == np.count_nonzero(~np.isfinite(a))
+    back = ms.grad(Backward(), grad_position=1)  # d/dg: s(x), through the forward; d/dx: s(g)
+    grad_x = ms.grad(Backward(), grad_position=0)(ms.Tensor(np.ones_like(a)), ms.Tensor(a))
+    np.testing.assert_array_equal(grad_x.asnumpy().view(bits), want.view(bits))
+    np.testing.assert_array_equal(back(ms.Tensor(a), ms.Tensor(np.ones_like(a))).asnumpy().view(bits),
+                                  want.view(bits))
+
+
+SWEEP = ("device.overflow_mode=infnan,saturation", "device.status_check=true,false", "hydra.sweep.dir=sweep",
+         "hydra.sweep.subdir=${device.overflow_mode}-${device.status_check}")
+
+
+def _runs(tmp_path, engine: str, *extra: str) -> dict:
+    """infnan, saturation with its flag, and saturation with the values-only check, as one sweep: the MLP at
+    a fixed scale no step of 9 overflows by itself, the gradient flowing into layers.3 made inf at step 7
+    (issue 22's layer injection, inside the compiled step), every layer's statistics (telemetry=layers)."""
+    out = run_cli("-m", "model=mlp", "dataset=digits", "amp=O2", f"engine={engine}", "loss_scale=fixed_drop",
+                  "loss_scale.loss_scale=1024", "inject.layer=layers.3", "inject.pass=backward",
+                  "inject.overflow_steps=[7]", "train.max_steps=9", "telemetry=layers", "tracking=none",
+                  "train.checkpoint=false", *extra,
+                  *SWEEP, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    runs = {}
+    for name in ("infnan-True", "saturation-True", "saturation-False"):
+        d = tmp_path / "sweep" / name
+        with open(d / "history.csv") as f:
+            history = list(csv.DictReader(f))
+        with open(d / "layers.csv") as f:
+            layers = list(csv.DictReader(f))
+        runs[name] = (history, layers)
+    return runs
+
+
+def _column(rows, key):
+    return [float(r[key]) for r in rows]
+
+
+def _check(runs):
+    infnan, _ = runs["infnan-True"]
+    flagged, flagged_layers = runs["saturation-True"]
+    silent, silent_layers = runs["saturation-False"]
+    # infnan: step 7's gradients are inf, and the step is skipped
+    assert _column(infnan, "overflow") == [0, 0, 0, 0, 0, 0, 1, 0, 0]
+    for rows in (flagged_layers, silent_layers):  # no tapped tensor holds an inf or NaN, in either pass
+        for r in rows:
+            for key in ("out_amax", "grad_amax"):
+                assert math.isfinite(float(r[key])), (r["step"], r["layer"], key)
+            assert float(r["overflow_fraction"]) == 0, (r["step"], r["layer"])
+    step7 = [r for r in flagged_layers if r["step"] == "7" and r["layer"] == "layers.3"]
+    assert float(step7[0]["grad_amax"]) == 65504.0  # the inf, saturated at float16's largest value
+    assert _column(flagged, "float_status") == [0, 0, 0, 0, 0, 0, 1, 0, 0]  # raised at step 7 only
+    # the same, up to the step whose corrupted update the values-only check let through (which may make
+    # the next steps overflow as well)
+    assert _column(silent, "float_status")[:7] == [0, 0, 0, 0, 0, 0, 1]
+    # with the flag, exactly infnan's skips, and the same run
+    assert _column(flagged, "overflow") == _column(infnan, "overflow")
+    assert _column(flagged, "skipped_steps") == _column(infnan, "skipped_steps")
+    assert _column(flagged, "loss") == _column(infnan, "loss")
+    # values only: step 7 is neither seen nor skipped, and its update changes what step 8 computes
+    assert _column(silent, "overflow") == [0] * 9 and _column(silent, "skipped_steps") == [0] * 9
+    assert _column(silent, "loss")[:7] == _column(flagged, "loss")[:7]
+    assert _column(silent, "loss")[7] != _column(flagged, "loss")[7]
+
+
+@pytest.mark.parametrize("engine", ["cell", pytest.param("functional", marks=pytest.mark.slow)])
+def test_an_injected_overflow_under_saturation_is_flagged_at_its_step_and_passes_a_values_only_check(
+        tmp_path, engine):
+    _check(_runs(tmp_path, engine))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["cell", "functional"])
+def test_a_natural_overflow_under_saturation_skips_as_infnan_with_the_flag_and_never_without(tmp_path,
+                                                                                              engine):
+    # dynamic's first scale, 2^24, overflows the MLP's float16 gradients by itself until it has halved
+    # enough: infnan and the flag skip the same steps, the values-only check none, at a scale that never drops
+    out = run_cli("-m", "model=mlp", "dataset=digits", "amp=O2", f"engine={engine}", "loss_scale=dynamic",
+                  "train.max_steps=8", "tracking=none", "train.checkpoint=false",
+                  *SWEEP, cwd=tmp_path, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+
+    def history(name):
+        with open(tmp_path / "sweep" / name / "history.csv") as f:
+            return list(csv.DictReader(f))
+
+    infnan, flagged, silent = (history(n) for n in ("infnan-True", "saturation-True", "saturation-False"))
+    skipped = _column(infnan, "overflow")
+    assert 0 < sum(skipped) < 8
+    assert _column(flagged, "overflow") == skipped
+    assert _column(flagged, "loss_scale") == _column(infnan, "loss_scale")
+    assert _column(flagged, "float_status") == skipped
+    assert sum(_column(silent, "overflow")) == 0 and set(_column(silent, "loss_scale")) == {2.0**24}
+    assert sum(_column(silent, "float_status")) >= sum(skipped)  # raised, and never read
+
+
+@pytest.mark.parametrize("args,says", [
+    (["device.overflow_mode=saturate"], "device.overflow_mode=saturate: no such mode; use infnan"),
+    (["device.overflow_mode=saturation", "amp=O0"],
+     "device.overflow_mode=saturation with amp.level=O0: float32 does not overflow where float16 saturates"),
+    (["device.overflow_mode=saturation", "amp=O2", "train.mode=pynative"],
+     "device.overflow_mode=saturation with train.mode=pynative: the taps are in the compiled step"),
+    (["device.status_check=sometimes"], "device.status_check=sometimes: Value 'sometimes' is not a valid bool"),
+])
+def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
+    out = run_cli(*args, "train.max_steps=2", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    lines = [line for line in out.stderr.splitlines() if line.startswith("lsexp")]
+    assert len(lines) == 1 and says in lines[0], out.stderr
+    assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
