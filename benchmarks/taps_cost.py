@@ -25,7 +25,8 @@ COMMON = ("amp=O2", "loss_scale=dynamic", "loss_scale.init_loss_scale=1024")
 VARIANTS = {
     "layers": (("telemetry=layers",), ("telemetry=none",), "layers / none"),
     "locate": (("telemetry.locate=true",), ("telemetry.locate=false",), "locator on / off"),
-    "saturation": (("device.overflow_mode=saturation",), ("device.overflow_mode=infnan",), "saturation / infnan"),
+    "saturation": (("device.overflow_mode=saturation",), ("device.overflow_mode=infnan",),
+                   "saturation / infnan"),
 }
 
 
