@@ -166,7 +166,8 @@ def test_a_natural_overflow_under_saturation_skips_as_infnan_with_the_flag_and_n
 @pytest.mark.parametrize("args,says", [
     (["device.overflow_mode=saturate"], "device.overflow_mode=saturate: no such mode; use infnan"),
     (["device.overflow_mode=saturation", "amp=O0"],
-     "device.overflow_mode=saturation with amp.level=O0: float32 does not overflow where float16 saturates"),
+     "device.overflow_mode=saturation with amp.level=O0: float32 does not overflow where float16 "
+     "saturates"),
     (["device.overflow_mode=saturation", "amp=O2", "train.mode=pynative"],
      "device.overflow_mode=saturation with train.mode=pynative: the taps are in the compiled step"),
     (["device.status_check=sometimes"], "device.status_check=sometimes: Value 'sometimes' is not a valid bool"),
