@@ -170,7 +170,8 @@ def test_a_natural_overflow_under_saturation_skips_as_infnan_with_the_flag_and_n
      "saturates"),
     (["device.overflow_mode=saturation", "amp=O2", "train.mode=pynative"],
      "device.overflow_mode=saturation with train.mode=pynative: the taps are in the compiled step"),
-    (["device.status_check=sometimes"], "device.status_check=sometimes: Value 'sometimes' is not a valid bool"),
+    (["device.status_check=sometimes"],
+     "device.status_check=sometimes: Value 'sometimes' is not a valid bool"),
 ])
 def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
     out = run_cli(*args, "train.max_steps=2", cwd=tmp_path)
