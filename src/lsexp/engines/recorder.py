@@ -12,9 +12,10 @@ from typing import Iterable, Optional
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore import dtype as mstype
+from mindspore.amp import all_finite
 
 from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, STATUS, TELEMETRY
-from lsexp.formats.saturation import saturate_at, saturated
+from lsexp.formats.saturation import saturate_at
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -40,14 +41,6 @@ _saturate_as = ops.MultitypeFuncGraph("lsexp_saturate")
 @_saturate_as.register("Number", "Tensor")
 def _saturate_grad(largest, grad):
     return saturate_at(grad, largest)
-
-
-_saturated = ops.MultitypeFuncGraph("lsexp_saturated")
-
-
-@_saturated.register("Tensor")
-def _saturated_grad(grad):
-    return saturated(grad)
 
 
 @dataclass(frozen=True)
@@ -190,8 +183,10 @@ class StepRecorder:
         value. The check reads the flag instead of the values with device.status_check."""
         if not self.saturation:
             return grads, None
-        count = ops.addn(self.hyper_map(_saturated, grads) + tuple(statuses))
-        return self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads), count > 0
+        hit = ops.logical_not(all_finite(grads))
+        if statuses:
+            hit = ops.logical_or(hit, ops.addn(statuses) > 0)
+        return self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads), hit
 
     def _checked(self, values_overflow, flag):
         """The overflow the step acts on: the flag under saturation with its status check, else the

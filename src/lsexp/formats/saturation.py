@@ -4,8 +4,8 @@ returns the type's largest finite value with the result's sign, and one whose re
 The chip raises its float-status register when it does; no value shows it.
 
 saturate() applies the rule to a tensor in MindSpore ops, as the compiled step runs it: finite values
-pass bit for bit (the rule is a selection, no arithmetic, so a CPU kernel's flush of subnormals cannot
-touch them). Float16, bfloat16 and float32 saturate at their own largest value; another type passes."""
+pass bit for bit (nan_to_num selects; it does no arithmetic that a CPU kernel's flush of subnormals
+could touch). Float16, bfloat16 and float32 saturate at their own largest value; another type passes."""
 
 from __future__ import annotations
 
@@ -39,18 +39,15 @@ def saturate(x):
 def saturate_at(x, largest):
     """saturate() with +-`largest` for +-inf: a float32 gradient that a float16 operation made saturates
     at float16's largest value."""
-    # no branch on `largest` here: graph mode cannot compile one inside a bprop
     out = x
-    if _saturates(x.dtype):
-        top = ops.fill(x.dtype, (), largest)
-        zero = ops.zeros((), x.dtype)
-        out = ops.where(ops.isfinite(x), x, ops.where(x > 0, top, ops.where(x < 0, -top, zero)))
+    if _saturates(x.dtype):  # one kernel, which leaves finite values (subnormals, -0) as they are
+        out = ops.nan_to_num(x, nan=0.0, posinf=largest, neginf=-largest)
     return out
 
 
 def saturated(x):
-    """How many of x's values saturate() changes (its infinities and NaNs), as a float32 scalar."""
-    count = ops.zeros((), mstype.float32)
+    """1 (float32) where saturate() would change a value of x (x holds an inf or a NaN), else 0."""
+    hit = ops.zeros((), mstype.float32)
     if _saturates(x.dtype):
-        count = ops.cast(ops.logical_not(ops.isfinite(x)), mstype.float32).sum()
-    return count
+        hit = ops.cast(ops.logical_not(ops.isfinite(x).all()), mstype.float32)
+    return hit

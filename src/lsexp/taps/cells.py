@@ -138,9 +138,11 @@ def _host_counts(device_target: str) -> bool:
 
 
 class _Exit(nn.Cell):
-    def __init__(self, transform: Transform, host_counts: bool):
+    def __init__(self, transform: Transform, host_counts: bool, observe: bool = True):
         super().__init__()
         self.transform = transform
+        self.observe = observe
+        self.unobserved = Tensor(np.zeros(len(EXIT_STATS), np.float32))
         self.tiny = Tensor(FP16_TINY, mstype.float32)
         self.fp16_max = Tensor(FP16_MAX, mstype.float32)
         self.host_counts = host_counts
@@ -165,7 +167,8 @@ class _Exit(nn.Cell):
         status = self.transform.status(y, dout, state)
         dout = self.transform.backward(dout, state)
         # as the output's own type: PyNative checks it, graph mode casts to it anyway
-        return ops.cast(dout, y.dtype), ops.zeros_like(state), self._stats(out, dout), status
+        stats = self._stats(out, dout) if self.observe else self.unobserved
+        return ops.cast(dout, y.dtype), ops.zeros_like(state), stats, status
 
 
 class _Entry(nn.Cell):
@@ -183,12 +186,14 @@ class Tap(nn.Cell):
     """`layer`, called as it was, between an _Entry and an _Exit. Its Parameters keep their names."""
 
     def __init__(self, layer: nn.Cell, name: str, transform: Optional[Transform] = None,
-                 host_counts: Optional[bool] = None):
+                 host_counts: Optional[bool] = None, observe: bool = True):
         super().__init__(auto_prefix=False)
         self.layer = layer
         if host_counts is None:
             host_counts = _host_counts(ms.get_context("device_target"))
-        self.exit = _Exit(transform if transform is not None else Transform(), host_counts)
+        # observe=False: a tap that only transforms, whose statistics nothing reads, counts none
+        self.observe = observe
+        self.exit = _Exit(transform if transform is not None else Transform(), host_counts, observe)
         self.entry = _Entry()
         self.tap_name = name
         self.lsexp_probe_out = Parameter(Tensor(np.zeros(len(EXIT_STATS), np.float32)),
@@ -199,7 +204,8 @@ class Tap(nn.Cell):
                                       requires_grad=False)
 
     def construct(self, x, *args, **kwargs):
-        if x.dtype in _FLOATS:  # decided when the graph compiles; an integer input has no gradient
+        # decided when the graph compiles; an integer input has no gradient
+        if self.observe and x.dtype in _FLOATS:
             x = self.entry(x, self.lsexp_probe_in)
         y = self.layer(x, *args, **kwargs)
         return self.exit(y, ops.stop_gradient(self.exit.transform.state()), self.lsexp_probe_out,
@@ -244,11 +250,11 @@ class Taps:
 
 def install(net: nn.Cell, names: Sequence[str], layers: dict,
             transform_for: Callable[[str], Optional[Transform]] = lambda name: None,
-            host_counts: Optional[bool] = None) -> Taps:
+            host_counts: Optional[bool] = None, observe: bool = True) -> Taps:
     """Wrap each named layer of `net` in a Tap, in place. `layers`: name -> the layer cell, as found in
     the model before amp wrapped or rewrote it; each is looked up in `net` by identity, else by name.
     host_counts: the exits count on the host (a pyfunc kernel) or in MindSpore ops; None: on the host
-    where the device target is CPU."""
+    where the device target is CPU. observe=False: the taps only transform; they measure nothing."""
     parents = {}
     for path, cell in net.cells_and_names():
         for attr, child in cell.name_cells().items():
@@ -266,7 +272,7 @@ def install(net: nn.Cell, names: Sequence[str], layers: dict,
             layer = where[0].name_cells()[where[1]]
         parent, attr = where
         kept = [(p, p.name) for p in layer.get_parameters()]
-        tap = Tap(layer, name, transform_for(name), host_counts)
+        tap = Tap(layer, name, transform_for(name), host_counts, observe)
         if isinstance(parent, (nn.SequentialCell, nn.CellList)):
             parent[int(attr)] = tap
         else:

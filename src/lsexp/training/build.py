@@ -156,7 +156,9 @@ def install_taps(cfg, net, layers: dict, saturating: bool = False):
 
         return Saturation(mine)
 
-    return install(net, list(layers), layers, transform_for), injection
+    # saturating taps need measure nothing unless telemetry=layers reads them: the locator replays on a copy
+    observe = not saturating or bool(cfg.telemetry.layers)
+    return install(net, list(layers), layers, transform_for, observe=observe), injection
 
 
 def tapped_copy(cfg, out_dir: Path):
