@@ -53,7 +53,7 @@ def test_saturation_acts_on_each_tensor_as_the_rule_says_going_forward_and_back(
             self.s = Saturated()
 
         def construct(self, x):
-            return self.s(x), saturated(x)
+            return self.s(x), saturated(x, x)
 
     class Backward(nn.Cell):  # the gradient of sum(s(x) * g) reaching x is s(g)
         def __init__(self):

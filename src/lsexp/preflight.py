@@ -19,7 +19,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from lsexp import schedules, strategies
+from lsexp import casts, schedules, strategies
 from lsexp.config import families, hydra_errors
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import batch_tokens, known_num_train, total_steps, world_size
@@ -52,6 +52,7 @@ def validate(cfg: DictConfig) -> Strategy:
         p.append(f"amp.level={cfg.amp.level}: unknown amp level; use one of {', '.join(AMP_LEVELS)}")
     if cfg.amp.dtype not in AMP_DTYPES:
         p.append(f"amp.dtype={cfg.amp.dtype}: unknown low-precision type; use float16 or bfloat16")
+    p += casts.list_problems(cfg.amp)
 
     if strategy is not None:
         p += strategy.problems(cfg)
@@ -234,6 +235,9 @@ def tap_problems(cfg: DictConfig, net) -> List[str]:
     precision recipe against its matrix products."""
     from lsexp.taps.layers import NoLayers, layer_names
 
+    unknown = casts.name_problems(cfg.amp, net)
+    if unknown:
+        return [unknown]
     precision = cfg.get("precision")
     if precision is not None and precision.recipe != "none":
         from lsexp.precision.recipes import products
@@ -428,7 +432,8 @@ def check(cfg: DictConfig) -> Checked:
            or families.of("dataset", cfg.dataset._target_) is None)
     probed = trace_shapes(cfg, strategy) if own else None
     precision = cfg.get("precision")
-    if (cfg.telemetry.layers or cfg.inject.layer is not None
+    if (cfg.telemetry.layers or cfg.inject.layer is not None or _saturates(cfg)
+            or any(casts.lists_of(cfg.amp))
             or (precision is not None and precision.recipe != "none")):  # from the network itself
         from lsexp.training.build import network
 

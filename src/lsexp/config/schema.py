@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
-AMP_LEVELS = ("O0", "O1", "O2", "O3")
+AMP_LEVELS = ("O0", "O1", "O2", "O3", "auto")
 AMP_DTYPES = ("float16", "bfloat16")
 MODES = ("graph", "pynative")
 OVERFLOW_MODES = ("infnan", "saturation")  # device.overflow_mode
@@ -73,6 +73,10 @@ class ImageFileDatasetConfig(FileDatasetConfig, ImageDatasetConfig):
 class AmpConfig:
     level: str = "O0"  # the `level` / `amp_level` of mindspore.amp.build_train_network / auto_mixed_precision
     dtype: str = "float16"
+    # amp.custom_mixed_precision's lists, by cell name (`lsexp layers`) or cell class (lsexp.casts.lists):
+    # white_list runs the cells in low precision at O0/O1; black_list keeps them in float32 at O2/O3/auto
+    white_list: Optional[List[str]] = None
+    black_list: Optional[List[str]] = None
 
 
 # --- loss_scale ------------------------------------------------------------------------------

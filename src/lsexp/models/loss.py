@@ -13,6 +13,9 @@ class SoftmaxCrossEntropy(nn.Cell):
         self.loss = nn.SoftmaxCrossEntropyWithLogits(reduction="mean")
 
     def construct(self, logits, labels):
+        # in the labels' float32, as build_train_network's loss network takes a network's output under
+        # amp.level=auto, whose last MatMul leaves it in low precision (a no-op where it is float32)
+        logits = ops.cast(logits, labels.dtype)
         classes = logits.shape[-1]
         return self.loss(logits.reshape(-1, classes), labels.reshape(-1, classes))
 

@@ -36,4 +36,4 @@ class Saturation(Transform):
         return saturate(self.inner.replay(y, state))
 
     def status(self, y, dout, state):
-        return saturated(self.inner.replay(y, state)) + saturated(self.inner.backward(dout, state))
+        return saturated(self.inner.replay(y, state), self.inner.backward(dout, state))

@@ -36,7 +36,7 @@ from lsexp.tracking.store import (
 )
 from lsexp.tracking.uri import redact, scrub
 
-ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png")
+ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png", "casts.csv")
 
 DONE = "lsexp-tracking-worker-done"  # the worker's last line on its done pipe, with its exit code
 _early: Optional["Worker"] = None
@@ -251,6 +251,10 @@ class MlflowRun:
             ]
             if "overflow_steps" in summary:
                 metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
+            casts = summary.get("casts")
+            if casts:  # amp.level=auto or a cast list: operators by the type they computed in (casts.csv)
+                metrics += [Metric(f"casts.{dtype}_ops", float(n), now, step)
+                            for dtype, n in casts["ops_by_dtype"].items()]
             for layer, means in (summary.get("layers") or {}).items():  # telemetry=layers: per-layer means
                 metrics += [Metric(f"layer.{layer}.{key}", float(value), now, step)
                             for key, value in (means or {}).items() if math.isfinite(value)]
@@ -258,6 +262,8 @@ class MlflowRun:
                 RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
                 RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower()),
             ]
+            if casts:  # the cells a cast list or the level kept in float32, for the runs table
+                tags.append(RunTag("lsexp.float32_cells", ",".join(casts["float32_cells"])[:5000]))
             if error:
                 tags += [
                     RunTag("lsexp.error", error[:5000]),

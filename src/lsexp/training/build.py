@@ -83,13 +83,22 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
 
 
 def with_amp(cfg, net, out_dir: Path):
-    import mindspore as ms
+    """`net` in amp.level's precision, with amp.white_list or amp.black_list (lsexp.casts.lists)."""
+    from lsexp.casts.lists import with_amp as cast
 
-    dtype = ms.float16 if cfg.amp.dtype == "float16" else ms.bfloat16
-    # O1 rewrites the network into Python source under ./rewritten_network, which graph mode
-    # reads back when it compiles: keep it in the run's directory, not wherever lsexp was started.
-    with contextlib.chdir(out_dir):
-        return ms.amp.auto_mixed_precision(net, cfg.amp.level, dtype=dtype)
+    return cast(net, cfg.amp, out_dir)
+
+
+def record_casts(cfg, data, out_dir: Path) -> dict:
+    """casts.csv, the cast map of the network as amp.level and the cast lists make it (lsexp.casts.graph),
+    compiled on a copy of it on the first batch's shapes; returns its summary. Built before the step's own
+    network, which then starts from the same random state."""
+    from lsexp.casts.graph import CASTS_CSV, cast_map, summary, write_csv
+
+    x, _ = next(iter(data.batches(cfg.dataset, 0, 0)))
+    rows = cast_map(with_amp(cfg, network(cfg), out_dir), x)
+    write_csv(rows, out_dir / CASTS_CSV)
+    return summary(rows)
 
 
 def with_precision(cfg, net) -> list:

@@ -12,10 +12,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from lsexp.casts import records
 from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
 from lsexp.runtime import device
 from lsexp.training import checkpoint
-from lsexp.training.build import build, load_data
+from lsexp.training.build import build, load_data, record_casts
 from lsexp.training.evaluate import evaluate
 from lsexp.training.history import History
 
@@ -87,10 +88,11 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
     started = time.perf_counter()
     data, net = probed if probed is not None else (load_data(cfg), None)
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
+    primary = rank == 0
+    casts = record_casts(cfg, data, out_dir) if primary and records(cfg.amp) else None
     net, step_cell, taps = build(cfg, strategy, decided, target, out_dir, last, rank, net=net)
     done, skipped = checkpoint.resume(step_cell, cfg.train.resume, strategy, cfg.engine.name) \
         if cfg.train.resume else (0, 0)
-    primary = rank == 0
     probe_steps = set(cfg.telemetry.histogram_steps)
     probe = None
     if probe_steps and primary:
@@ -106,6 +108,8 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         "resumed_from_step": done,
         "status": "running",
     }
+    if casts is not None:
+        summary["casts"] = casts
     return _Run(
         cfg=cfg,
         out_dir=out_dir,
