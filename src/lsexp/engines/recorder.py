@@ -183,10 +183,13 @@ class StepRecorder:
         value. The check reads the flag instead of the values with device.status_check."""
         if not self.saturation:
             return grads, None
-        hit = ops.logical_not(all_finite(grads))
+        nonfinite = ops.logical_not(all_finite(grads))
+        hit = nonfinite
         if statuses:
             hit = ops.logical_or(hit, ops.addn(statuses) > 0)
-        return self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads), hit
+        if nonfinite:  # a kernel per gradient, only on a step that needs it
+            grads = self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads)
+        return grads, hit
 
     def _checked(self, values_overflow, flag):
         """The overflow the step acts on: the flag under saturation with its status check, else the
