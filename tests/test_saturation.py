@@ -183,3 +183,20 @@ def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_p
     lines = [line for line in out.stderr.splitlines() if line.startswith("lsexp")]
     assert len(lines) == 1 and says in lines[0], out.stderr
     assert "Traceback" not in out.stderr and list(tmp_path.iterdir()) == []
+
+
+def test_the_cpu_flag_kernel_and_the_mindspore_ops_raise_the_same_flag():
+    """On CPU a saturating tap's flag is one host kernel; on GPU it is MindSpore ops: the same flag."""
+    import mindspore as ms
+
+    from lsexp.taps.saturation import Saturation
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    host, ops_only = Saturation(host=True), Saturation(host=False)
+    state = host.state()
+    for y, dout in [(1.0, 2.0), (np.inf, 2.0), (1.0, -np.inf), (np.nan, 1.0), (65504.0, -65504.0)]:
+        a = ms.Tensor(np.array([0.5, y], np.float16))
+        b = ms.Tensor(np.array([dout, -0.25], np.float16))
+        want = float(not (np.isfinite(y) and np.isfinite(dout)))
+        assert float(host.status(a, b, state).asnumpy()) == want
+        assert float(ops_only.status(a, b, state).asnumpy()) == want
