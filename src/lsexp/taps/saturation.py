@@ -24,7 +24,7 @@ def saturated_host(y: np.ndarray, dout: np.ndarray) -> np.ndarray:
     """saturated(y, dout) counted on the host: the body of the CPU step's one kernel per tap (a MindSpore
     pyfunc), which on a step bound by kernel launches costs less than the seven MindSpore kernels of the
     same flag, as the taps' statistics do (lsexp.taps.cells.exit_stats_host)."""
-    return np.float32(not (np.isfinite(y).all() and np.isfinite(dout).all()))
+    return np.array([not (np.isfinite(y).all() and np.isfinite(dout).all())], np.float32)
 
 
 class Saturation(Transform):
@@ -36,7 +36,7 @@ class Saturation(Transform):
         self.inner = inner if inner is not None else Transform()
         self.host = ms.get_context("device_target") == "CPU" if host is None else host
         if self.host:
-            self.flag = ops.Custom(saturated_host, out_shape=lambda y, dout: (),
+            self.flag = ops.Custom(saturated_host, out_shape=lambda y, dout: (1,),
                                    out_dtype=lambda y, dout: mstype.float32, func_type="pyfunc")
 
     def forward(self, y):
@@ -54,5 +54,5 @@ class Saturation(Transform):
     def status(self, y, dout, state):
         y, dout = self.inner.replay(y, state), self.inner.backward(dout, state)
         if self.host:
-            return self.flag(y, dout).reshape(())  # a pyfunc's scalar comes back as (1,)
+            return self.flag(y, dout).reshape(())
         return saturated(y, dout)
