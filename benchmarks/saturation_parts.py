@@ -54,7 +54,8 @@ def main(rounds: int, overrides: list) -> None:
     base = statistics.median(times["infnan"])
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"{name:<26} median {median:.2f} ms/step ({median / base:.3f}x)  {[round(v, 2) for v in values]}")
+        each = [round(v, 2) for v in values]
+        print(f"{name:<26} median {median:.2f} ms/step ({median / base:.3f}x)  {each}")
 
 
 if __name__ == "__main__":
