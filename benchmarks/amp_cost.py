@@ -2,6 +2,7 @@
 to the last:
 
     python benchmarks/amp_cost.py [pairs] [overrides ...]
+    python benchmarks/amp_cost.py record [overrides ...]   what recording casts.csv adds to a run's start
 
 Each round runs amp=auto, amp=O1 and amp=O2 on the default experiment with loss_scale=dynamic from 2^10
 (no step overflows), plus the overrides (model=mlp dataset=digits for the MLP, workload=gpt_python ... for
@@ -33,6 +34,34 @@ def main(pairs: int, overrides: list) -> None:
         report({LEVELS[0]: ms_per_step[LEVELS[0]], other: ms_per_step[other]}, f"auto / {other[4:]}", note)
 
 
+def record(overrides: list) -> None:
+    """Seconds lsexp.training.build.record_casts takes at amp=auto: the copy built, compiled with the IR
+    dump on, the map read and written."""
+    import time
+
+    import mindspore as ms
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from lsexp.config import paths
+    from lsexp.config.registry import register_configs
+    from lsexp.training.build import load_data, record_casts
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=["amp=auto", *overrides])
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    data = load_data(cfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        record_casts(cfg, data, Path(tmp))
+        print(f"record_casts: {time.perf_counter() - started:.2f} s ({' '.join(['amp=auto', *overrides])})")
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
-    main(int(args[0]) if args else 5, args[1:])
+    if args and args[0] == "record":
+        record(args[1:])
+    else:
+        main(int(args[0]) if args else 5, args[1:])
