@@ -18,7 +18,7 @@ def test_each_overflow_arm_sets_the_mode_and_its_check():
 
     swept = compose_cfg("experiment=saturation", hydra_cfg=True).hydra.sweeper.params
     assert swept["overflow"].split(",") == list(MODES) == saturation.MODES
-    assert swept["arm"].split(",") == ["fixed_drop_65536", "dynamic", "dynamic_hysteresis"]
+    assert swept["arm"].split(",") == ["fixed_drop_256", "fixed_drop_65536", "dynamic", "dynamic_hysteresis"]
     assert len(swept["train.seed"].split(",")) >= 3
     for arm, (mode, check) in MODES.items():
         cfg = compose_cfg("experiment=saturation", f"overflow={arm}")
