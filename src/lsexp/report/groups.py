@@ -12,8 +12,9 @@ from typing import Dict, List, Optional, Sequence
 
 from lsexp.config.overrides import overrides_dict
 
-# What a run ends with, as the tracking worker logs it; eval_accuracy where the run evaluated.
-METRICS = ("final_loss", "eval_accuracy", "skipped_steps", "overflow_count")
+# What a run ends with, as the tracking worker logs it; eval_accuracy and eval_loss (the held-out loss, a
+# language model's measure) where the run evaluated.
+METRICS = ("final_loss", "eval_accuracy", "eval_loss", "skipped_steps", "overflow_count")
 TELEMETRY_METRICS = ("mean_underflow_fraction", "mean_overflow_fraction", "mean_zero_fraction")
 CONFIDENCE = 0.95
 

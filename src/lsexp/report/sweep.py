@@ -17,7 +17,7 @@ from lsexp.report.groups import (
 from lsexp.tracking.resume import JOB_TAG, child_runs
 
 TABLE_COLUMNS = ("run", "choices", "status", "steps", "skipped_steps", "overflow_count", "final_loss",
-                 "final_loss_scale", "diverged", "collapsed")
+                 "final_loss_scale", "eval_loss", "diverged", "collapsed")
 # With telemetry=grads: the means over the run's steps of what float16 loses or breaks.
 TELEMETRY_COLUMNS = ("mean_underflow_fraction", "mean_overflow_fraction", "mean_zero_fraction")
 
@@ -96,6 +96,7 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
                 "final_loss": num(m.get("final_loss")),
                 "final_loss_scale": num(m.get("final_loss_scale")),
                 "eval_accuracy": num(m.get("eval_accuracy")),
+                "eval_loss": num(m.get("eval_loss")),
                 "diverged": child.data.tags.get("lsexp.diverged", ""),
                 "collapsed": child.data.tags.get("lsexp.collapsed", ""),
             }
