@@ -200,3 +200,46 @@ def test_the_cpu_flag_kernel_and_the_mindspore_ops_raise_the_same_flag():
         want = float(not (np.isfinite(y) and np.isfinite(dout)))
         assert float(host.status(a, b, state).asnumpy()) == want
         assert float(ops_only.status(a, b, state).asnumpy()) == want
+
+
+@pytest.mark.parametrize("chained", [False, True], ids=["alone", "in_a_chain"])
+def test_a_saturating_tap_reports_its_status_through_its_probe(chained):
+    """A tap's status probe's gradient carries the flag out of the backward pass: raised where the layer's
+    output or the gradient into it held an inf, alone or inside a Chain."""
+    import mindspore as ms
+    from mindspore import ParameterTuple, Tensor, nn, ops
+
+    from lsexp.taps.cells import Chain, install
+    from lsexp.taps.saturation import Saturation
+
+    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Dense(4, 4).to_float(ms.float16)
+            self.b = nn.Dense(4, 2).to_float(ms.float16)
+
+        def construct(self, x):
+            return self.b(self.a(x))
+
+    net = Net()
+    taps = install(net, ["a", "b"], {"a": net.a, "b": net.b},
+                   lambda name: Chain([Saturation()]) if chained else Saturation(), observe=False)
+    probes = ParameterTuple(taps.status_probes())
+    grad = ops.GradOperation(get_by_list=True, sens_param=True)
+
+    class Step(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def construct(self, x, sens):
+            return grad(self.net, probes)(x, sens)
+
+    step = Step()
+    x = Tensor(np.ones((2, 4), np.float32))
+    clean = [float(g.asnumpy()) for g in step(x, Tensor(np.ones((2, 2), np.float16)))]
+    assert clean == [0.0, 0.0]
+    hot = [float(g.asnumpy()) for g in step(x, Tensor(np.array([[np.inf, 1], [1, 1]], np.float16)))]
+    assert hot == [0.0, 1.0]  # b's incoming gradient held the inf; a's was saturated before it got there

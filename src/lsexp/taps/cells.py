@@ -80,6 +80,23 @@ class Chain(Transform):
             states = states + (t.state(),)
         return states
 
+    def replay(self, y, state):
+        for i in range(self.count):
+            y = self.transforms[i].replay(y, state[i])
+        return y
+
+    def status(self, y, dout, state):
+        # each transform's, on the values as they reach it: going forward in order, coming back in reverse
+        ys = ()
+        for i in range(self.count):
+            ys = ys + (y,)
+            y = self.transforms[i].replay(y, state[i])
+        total = ops.zeros((), mstype.float32)
+        for i in range(self.count - 1, -1, -1):
+            total = total + self.transforms[i].status(ys[i], dout, state[i])
+            dout = self.transforms[i].backward(dout, state[i])
+        return total
+
 
 def _amax(t):
     # MindSpore's CPU max skips a NaN or not depending on where it is: a NaN counts as inf, so that an amax
@@ -133,6 +150,16 @@ def exit_stats(out, dout, tiny, fp16_max):
     ])
 
 
+def _zeros_like(state):
+    """The state's gradient: a Chain's state is a tuple of its transforms' states."""
+    if isinstance(state, tuple):
+        out = ()
+        for s in state:
+            out = out + (ops.zeros_like(s),)
+        return out
+    return ops.zeros_like(state)
+
+
 def _host_counts(device_target: str) -> bool:
     return device_target == "CPU"
 
@@ -168,7 +195,7 @@ class _Exit(nn.Cell):
         dout = self.transform.backward(dout, state)
         # as the output's own type: PyNative checks it, graph mode casts to it anyway
         stats = self._stats(out, dout) if self.observe else self.unobserved
-        return ops.cast(dout, y.dtype), ops.zeros_like(state), stats, status
+        return ops.cast(dout, y.dtype), _zeros_like(state), stats, status
 
 
 class _Entry(nn.Cell):
