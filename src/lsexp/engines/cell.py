@@ -93,8 +93,10 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
             overflow = self.loss_scaling_manager(self.scale_sense, cond, measured)
             amax = [measured]
         else:
-            # where MindSpore reads the chip's float status (NPUGetFloatStatusV2) in saturation mode
-            cond = self._checked(self.get_overflow_status(status, grads), flag)
+            if self.status_check:  # where MindSpore reads the chip's float status (NPUGetFloatStatusV2)
+                cond = flag
+            else:
+                cond = self.get_overflow_status(status, grads)
             overflow = self.process_loss_scale(cond)
         clip = []
         if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped
@@ -154,7 +156,10 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         grads = self._advance_and_inject(grads)
         grads, flag = self._saturate(grads, statuses)
         grads = self.grad_reducer(grads)
-        overflow = self._checked(ops.logical_not(all_finite(grads)), flag)
+        if self.status_check:  # the emulated status flag, not a pass over the values
+            overflow = flag
+        else:
+            overflow = ops.logical_not(all_finite(grads))
         loss = self._keep_weights(overflow, loss)
         clip = []
         if self.clip:  # of the unscaled gradients; the factor also unscales them when the optimizer does not
