@@ -101,12 +101,10 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         if self.measure_amax:  # the scaler predicts from it; its pass is the overflow check too
             measured, finite = self._amax_and_finite(grads, scale)
             amax = [measured]
-        elif self.status_check:  # where amp.all_finite reads the chip's float status in saturation mode
+        if self.status_check:  # where amp.all_finite reads the chip's float status in saturation mode
             finite = ops.logical_not(flag)
-        else:
+        elif not self.measure_amax:
             finite = all_finite(grads)
-        if self.measure_amax and self.status_check:
-            finite = ops.logical_not(flag)
         clip = []
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped
