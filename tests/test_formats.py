@@ -100,11 +100,12 @@ def test_e8m0_equals_ml_dtypes_bit_for_bit():
     assert_bits_equal(quantize(x, "e8m0"), x.astype(dt).astype(np.float32), x)
 
 
-def test_hif8_equals_the_transcription_of_the_paper():
+@pytest.mark.parametrize("saturate", [False, True], ids=["inf", "saturating"])
+def test_hif8_equals_the_transcription_of_the_paper(saturate):
     values = np.array([v for _, v in hif8_paper.CODES], np.float32)
     x = np.concatenate([values, random_values(10**5, -26, 18, seed=1), neighbour_midpoints(values), SPECIALS,
                         np.array([hif8_paper.MAX, 1.25 * hif8_paper.MAX, 2.0**-23, -(2.0**-23)], np.float32)])
-    assert_bits_equal(quantize(x, "hif8"), hif8_paper.quantize(x), x)
+    assert_bits_equal(quantize(x, "hif8", saturate=saturate), hif8_paper.quantize(x, saturate), x)
     # every code maps to itself, its single zero to +0 and its largest finite value is the paper's
     finite = values[np.isfinite(values)]
     assert_bits_equal(quantize(finite, "hif8"), finite + np.float32(0), finite)
