@@ -59,8 +59,8 @@ Normal value, equation (1): X = (-1)^S * 2^E * (1 + M / 2^m), with M the mantiss
 Denormal value, equation (2) (dot 0000, M = 1..7): X = (-1)^S * 2^(M - 23), i.e. 2^-22 .. 2^-16, no
 fraction bits ([E]; [T4]'s 00000001 = 2^-22 and 00000111 = 2^-16 fix the bias at 23).
 
-So E = -22 .. 15, 38 binades (the abstract): 7 exponents with 3 mantissa bits (E in -3..3), 8 with 2 (|E| 4..7),
-16 with 1 (|E| 8..15), and 7 denormal ones.
+So E = -22 .. 15, 38 binades (the abstract): 7 exponents with 3 mantissa bits (E in -3..3), 8 with 2
+(|E| 4..7), 16 with 1 (|E| 8..15), and 7 denormal ones.
 
 Special values [E], [T4]:
     0x00  S=0, dot 0000, M=000   zero (the only zero; there is no -0)
