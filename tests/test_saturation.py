@@ -183,21 +183,57 @@ def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_p
     assert_refused(out, says, tmp_path)
 
 
-def test_the_cpu_flag_kernel_and_the_mindspore_ops_raise_the_same_flag():
-    """On CPU a saturating tap's flag is one host kernel; on GPU it is MindSpore ops: the same flag."""
+@pytest.mark.parametrize("dtype", [np.float16, np.float32], ids=["float16", "float32"])
+def test_the_cpu_host_kernels_saturate_and_flag_as_the_rule_and_the_mindspore_ops(dtype):
+    """On CPU a large tensor saturates, and raises the flag, in host kernels on its bits; a small one, and
+    every tensor elsewhere, in MindSpore ops: the same bits and the same flag, forward and back."""
     import mindspore as ms
+    from mindspore import nn
 
+    from lsexp.formats.saturation import nonfinite_np, saturate_np
     from lsexp.taps.saturation import Saturation
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    a = _specials(dtype)
+    bits = np.uint16 if dtype == np.float16 else np.uint32
+    want = saturate_reference(a)
+    np.testing.assert_array_equal(saturate_np(a).view(bits), want.view(bits))
+    finite = a[np.isfinite(a)]
+    assert saturate_np(finite) is finite  # nothing to saturate: no copy
+    assert nonfinite_np(a, finite).tolist() == [1.0] and nonfinite_np(finite, finite).tolist() == [0.0]
+
+    class Tapped(nn.Cell):  # forward and backward through one transform, as a tap's exit does
+        def __init__(self, transform):
+            super().__init__()
+            self.t = transform
+
+        def construct(self, x):
+            return self.t.forward(x)
+
+        def bprop(self, x, out, dout):
+            return (self.t.backward(dout, self.t.state()),)
+
+    class Weighted(nn.Cell):  # d/dx sum(t(x) * g) is what t's backward makes of g
+        def __init__(self, transform):
+            super().__init__()
+            self.tapped = Tapped(transform)
+
+        def construct(self, x, g):
+            return (self.tapped(x) * g).sum()
+
     host, ops_only = Saturation(host=True), Saturation(host=False)
+    host.host_from = 0  # every tensor on the host
+    for transform in (host, ops_only):
+        np.testing.assert_array_equal(Tapped(transform)(ms.Tensor(a)).asnumpy().view(bits), want.view(bits))
+        back = ms.grad(Weighted(transform))(ms.Tensor(np.ones_like(a)), ms.Tensor(a))
+        np.testing.assert_array_equal(back.asnumpy().view(bits), want.view(bits))
     state = host.state()
     for y, dout in [(1.0, 2.0), (np.inf, 2.0), (1.0, -np.inf), (np.nan, 1.0), (65504.0, -65504.0)]:
-        a = ms.Tensor(np.array([0.5, y], np.float16))
-        b = ms.Tensor(np.array([dout, -0.25], np.float16))
-        want = float(not (np.isfinite(y) and np.isfinite(dout)))
-        assert float(host.status(a, b, state).asnumpy()) == want
-        assert float(ops_only.status(a, b, state).asnumpy()) == want
+        y_t = ms.Tensor(np.array([0.5, y], dtype))
+        d_t = ms.Tensor(np.array([dout, -0.25], dtype))
+        flag = float(not (np.isfinite(y) and np.isfinite(dout)))
+        assert float(host.status(y_t, d_t, state).asnumpy()) == flag
+        assert float(ops_only.status(y_t, d_t, state).asnumpy()) == flag
 
 
 @pytest.mark.parametrize("chained", [False, True], ids=["alone", "in_a_chain"])
