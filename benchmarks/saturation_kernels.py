@@ -127,7 +127,7 @@ def main(rounds: int) -> None:
             times[name].append(1000 * (time.perf_counter() - start) / STEPS)
     base = {}
     for name in steps:  # each against the first of its group: every layer, conv1, the Dense layers
-        group = name.split(" ")[0] if name.startswith(("conv1", "dense")) else "every"
+        group = next((g for g in ("conv1", "dense") if name.startswith(g)), "every")
         base.setdefault(group, statistics.median(times[name]))
         base[name] = base[group]
     print(f"onednn_max_cpu_isa={isa}, {rounds} rounds of {STEPS} steps; each against the first of its group")
