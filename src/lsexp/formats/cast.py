@@ -29,6 +29,13 @@ _HUGE, _SMALL = 2.0**64, 2.0**-100
 _FLOAT32_MAX = 3.4028234663852886e38
 
 
+def amax(x):
+    """max |x| in float32, a NaN counted as inf: MindSpore's CPU max skips a NaN or not depending on where
+    it is, so an amax of inf means "inf or NaN" wherever it is. A recipe's scale and a tap's statistics
+    read it."""
+    return ops.nan_to_num(ops.abs(ops.cast(x, mstype.float32)), nan=float("inf"), posinf=float("inf")).max()
+
+
 def _clamp(x, lo, hi):
     # ops.clamp does not compile inside a custom bprop (MindSpore 2.10: "func graph is empty")
     return ops.minimum(ops.maximum(x, lo), hi)

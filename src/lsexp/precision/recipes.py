@@ -16,6 +16,7 @@ from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from lsexp.formats import FORMATS, cast
+from lsexp.formats.cast import amax
 
 FLT_MAX = 3.4028234663852886e38
 # (forward format, backward format) of TE's recipe.Format, and HiFloat8 both ways
@@ -26,11 +27,6 @@ PRODUCTS = (nn.Dense, nn.Conv2d)
 # MultiheadAttention (its projections stay in amp's type, with its batched products)
 READS_PARAMETERS = (nn.MultiheadAttention,)
 AMP_WRAPPER = "_backbone."  # amp's O2 and O3 put the model here: the names are the model's own
-
-
-def amax(x):
-    """max |x| in float32, a NaN counted as inf (MindSpore's CPU max skips a NaN)."""
-    return ops.nan_to_num(ops.abs(ops.cast(x, mstype.float32)), nan=float("inf"), posinf=float("inf")).max()
 
 
 def current_scale(a, fmt_max):

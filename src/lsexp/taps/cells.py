@@ -19,6 +19,7 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 
+from lsexp.formats.cast import amax
 from lsexp.taps import ENTRY_STATS, EXIT_STATS, STATS
 
 FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
@@ -98,12 +99,6 @@ class Chain(Transform):
         return total
 
 
-def _amax(t):
-    # MindSpore's CPU max skips a NaN or not depending on where it is: a NaN counts as inf, so that an amax
-    # of inf means "inf or NaN" wherever it is
-    return ops.nan_to_num(ops.abs(ops.cast(t, mstype.float32)), nan=float("inf"), posinf=float("inf")).max()
-
-
 # A value's magnitude as the unsigned integer of its bits is ordered as the magnitude is, with inf above
 # every finite value and NaN above inf: one integer pass answers amax (NaN as inf) and every count.
 _BITS = {np.dtype(np.float16): (np.uint16, 0x7FFF, 0x7C00, 0x0001, 0x7BFF),
@@ -142,7 +137,7 @@ def exit_stats(out, dout, tiny, fp16_max):
     zero = size - ops.cast(ops.count_nonzero(m), mstype.float32)
     below = ops.cast(m < tiny, mstype.float32).sum()  # the zeros too
     return ops.stack([
-        _amax(out),
+        amax(out),
         m.max(),
         (below - zero) / size,
         zero / size,
@@ -206,7 +201,7 @@ class _Entry(nn.Cell):
         return x
 
     def bprop(self, x, probe, out, dout):
-        return ops.cast(dout, x.dtype), ops.stack([_amax(x), _amax(dout), ops.ones((), mstype.float32)])
+        return ops.cast(dout, x.dtype), ops.stack([amax(x), amax(dout), ops.ones((), mstype.float32)])
 
 
 class Tap(nn.Cell):

@@ -13,9 +13,10 @@ import math
 import os
 import pkgutil
 import tempfile
+from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 from lsexp.report.groups import Interval
 
@@ -113,6 +114,17 @@ def side(mine: Interval, reference: Interval, diverged: int = 0) -> str:
 
 def _seed_order(run: StudyRun):
     return (0, int(run.seed)) if str(run.seed).lstrip("-").isdigit() else (1, str(run.seed))
+
+
+def finished_cells(runs: Iterable[StudyRun], key: Callable[[StudyRun], tuple],
+                   order: Callable[[tuple], tuple]) -> Dict[tuple, List[StudyRun]]:
+    """The runs that ended, grouped by key(run): the groups sorted by order(key), each group's runs by
+    seed. A run RUNNING or SCHEDULED belongs to a sweep still under way and is not a result yet."""
+    found: Dict[tuple, List[StudyRun]] = defaultdict(list)
+    for run in runs:
+        if run.status not in ("RUNNING", "SCHEDULED"):
+            found[key(run)].append(run)
+    return {k: sorted(found[k], key=_seed_order) for k in sorted(found, key=order)}
 
 
 def write(study: str, client, children, labels: Sequence[str], out: Path) -> List[Path]:

@@ -28,7 +28,7 @@ from typing import Dict, List
 import numpy as np
 
 from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, over_seeds, side
+from lsexp.report.studies import StudyRun, finished_cells, over_seeds, side
 from lsexp.report.studies.engines import steady_speed
 from lsexp.report.studies.large_batch import eval_loss
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
@@ -65,14 +65,9 @@ def _worst(runs: List[StudyRun], which: int) -> str:
 
 
 def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
-    found: Dict[tuple, List[StudyRun]] = defaultdict(list)
-    for run in runs:
-        if run.status in ("RUNNING", "SCHEDULED"):
-            continue
-        found[(workload(run), arm(run))].append(run)
     order = {a: i for i, a in enumerate(ARMS)}
-    return {key: sorted(found[key], key=lambda r: int(r.seed) if str(r.seed).isdigit() else 0)
-            for key in sorted(found, key=lambda k: (k[0], order.get(k[1], len(ARMS)), k[1]))}
+    return finished_cells(runs, lambda r: (workload(r), arm(r)),
+                          lambda k: (k[0], order.get(k[1], len(ARMS)), k[1]))
 
 
 def table(runs: List[StudyRun]):

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, log2, over_seeds, side
+from lsexp.report.studies import StudyRun, finished_cells, log2, over_seeds, side
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
 
 ARMS = ["float32", "none", "fixed_drop_256", "fixed_drop_65536", "dynamic", "dynamic_hysteresis",
@@ -123,13 +123,7 @@ def _order(key):
 
 def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
     """The runs that ended by (workload, N, arm), in the table's order, each cell's runs by seed."""
-    found: Dict[tuple, List[StudyRun]] = defaultdict(list)
-    for run in runs:
-        if run.status in ("RUNNING", "SCHEDULED"):  # a sweep still under way: not a result yet
-            continue
-        found[(workload(run), tokens(run), arm(run))].append(run)
-    return {key: sorted(found[key], key=lambda r: int(r.seed) if str(r.seed).isdigit() else 0)
-            for key in sorted(found, key=_order)}
+    return finished_cells(runs, lambda r: (workload(r), tokens(r), arm(r)), _order)
 
 
 def table(runs: List[StudyRun]):

@@ -16,13 +16,12 @@ The figure: the held-out loss per strategy and arm with its 95% interval, one pa
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Dict, List
 
 import numpy as np
 
 from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, over_seeds, side
+from lsexp.report.studies import StudyRun, finished_cells, over_seeds, side
 from lsexp.report.studies.large_batch import eval_loss
 from lsexp.report.studies.scalers import arm
 
@@ -58,14 +57,9 @@ def deviation(run: StudyRun, reference: StudyRun) -> tuple:
 
 
 def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
-    found: Dict[tuple, List[StudyRun]] = defaultdict(list)
-    for run in runs:
-        if run.status in ("RUNNING", "SCHEDULED"):
-            continue
-        found[(case(run), arm(run), mode(run))].append(run)
     order = {m: i for i, m in enumerate(MODES)}
-    return {key: sorted(found[key], key=lambda r: int(r.seed) if str(r.seed).isdigit() else 0)
-            for key in sorted(found, key=lambda k: (k[0] != "natural", k[0], k[1], order.get(k[2], 9)))}
+    return finished_cells(runs, lambda r: (case(r), arm(r), mode(r)),
+                          lambda k: (k[0] != "natural", k[0], k[1], order.get(k[2], 9)))
 
 
 def table(runs: List[StudyRun]):
