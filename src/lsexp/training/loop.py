@@ -292,9 +292,28 @@ def _finish(run: _Run) -> None:
 def _release_graphs() -> None:
     # The jobs of a basic or joblib sweep, and Ray's reused workers, train one network after
     # another in one process; MindSpore keeps every compiled graph and its memory until told.
+    import gc
+
     import mindspore as ms
 
-    ms.ms_memory_recycle()
+    # ms_memory_recycle walks MindSpore's cache of compiled cells, and a Cell's __del__ takes its entry
+    # out of that cache: a garbage collection, or a release the walk itself causes, during the walk
+    # fails it with "dictionary changed size during iteration". Collect first, hold the collector off,
+    # and walk again if a release still moved the cache.
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for attempt in range(3):
+            try:
+                ms.ms_memory_recycle()
+                break
+            except RuntimeError as err:
+                if "changed size during iteration" not in str(err) or attempt == 2:
+                    raise
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _CollapseWatch:
