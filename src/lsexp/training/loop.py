@@ -295,25 +295,21 @@ def _release_graphs() -> None:
     import gc
 
     import mindspore as ms
+    from mindspore import nn
 
     # ms_memory_recycle walks MindSpore's cache of compiled cells, and a Cell's __del__ takes its entry
-    # out of that cache: a garbage collection, or a release the walk itself causes, during the walk
-    # fails it with "dictionary changed size during iteration". Collect first, hold the collector off,
-    # and walk again if a release still moved the cache.
-    gc.collect()
+    # out of that cache. A Cell finalised during the walk (by the collector, or by a runtime thread
+    # dropping its last reference while the walk's native calls let it run) fails the walk with
+    # "dictionary changed size during iteration": every Cell is held for the walk, the collector off.
+    alive = [o for o in gc.get_objects() if issubclass(type(o), nn.Cell)]  # type(): a weak proxy is no Cell
     enabled = gc.isenabled()
     gc.disable()
     try:
-        for attempt in range(3):
-            try:
-                ms.ms_memory_recycle()
-                break
-            except RuntimeError as err:
-                if "changed size during iteration" not in str(err) or attempt == 2:
-                    raise
+        ms.ms_memory_recycle()
     finally:
         if enabled:
             gc.enable()
+        del alive
 
 
 class _CollapseWatch:
