@@ -50,6 +50,9 @@ class Saturation:
     probes: tuple  # the taps' status probes (lsexp.taps.cells.Taps.status_probes)
     status_check: bool  # device.status_check: the overflow check reads the emulated flag, not the values
     grad_largest: float  # where a non-finite parameter gradient saturates: amp.dtype's largest value
+    # lsexp.formats.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
+    # cheaper than the branch that runs MindSpore ops only on a step that needs them (None: that branch)
+    grad_rule: Optional[object] = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,7 @@ class StepRecorder:
         statuses = list(saturation.probes) if self.saturation else []
         self.status_check = self.saturation and saturation.status_check
         self.grad_largest = saturation.grad_largest if self.saturation else None
+        self.grad_rule = saturation.grad_rule if self.saturation else None
         extra = list(probes) + statuses
         self.grad_params = ParameterTuple(list(self.weights) + extra) if extra else self.weights
         self.layer_inject = layer_factor is not None
@@ -187,7 +191,9 @@ class StepRecorder:
         hit = nonfinite
         if statuses:
             hit = ops.logical_or(hit, ops.addn(statuses) > 0)
-        if nonfinite:  # a kernel per gradient, only on a step that needs it
+        if self.grad_rule is not None:
+            grads = self.hyper_map(self.grad_rule, grads)
+        elif nonfinite:  # a kernel per gradient, only on a step that needs it
             grads = self.hyper_map(ops.partial(_saturate_as, self.grad_largest), grads)
         return grads, hit
 

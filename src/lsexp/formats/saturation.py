@@ -7,11 +7,13 @@ saturate() applies the rule to a tensor in MindSpore ops, as the compiled step r
 pass bit for bit (nan_to_num selects; it does no arithmetic that a CPU kernel's flush of subnormals
 could touch). Float16, bfloat16 and float32 saturate at their own largest value; another type passes.
 
-saturate_np() and nonfinite_np() are the same rule and its flag on a float16 or float32 array's bits,
-for the CPU step's host kernels (lsexp.taps.saturation): integer operations that numpy vectorises, where
-MindSpore's CPU kernels and numpy's own isfinite walk float16 one value at a time."""
+KERNELS (saturation.cc) are the same rule and its flag as CPU kernels on a float16, bfloat16 or float32
+tensor's bits, for MindSpore's aot Custom operators (lsexp.taps.saturation builds them): MindSpore's CPU
+nan_to_num and isfinite walk float16 one value at a time."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 from mindspore import dtype as mstype
@@ -21,10 +23,8 @@ FP16_MAX = 65504.0
 BF16_MAX = float(np.float32(3.3895313892515355e38))  # 0x7F7F: bfloat16's largest finite value
 FP32_MAX = float(np.finfo(np.float32).max)
 
-
-# float type: (its bits, exponent mask, mantissa mask, sign bit, largest finite value's magnitude bits)
-_BITS = {np.dtype(np.float16): (np.uint16, 0x7C00, 0x03FF, 0x8000, 0x7BFF),
-         np.dtype(np.float32): (np.uint32, 0x7F800000, 0x007FFFFF, 0x80000000, 0x7F7FFFFF)}
+KERNELS = Path(__file__).with_name("saturation.cc")
+FALLBACK = "saturation runs in MindSpore ops, slower on CPU"  # said where KERNELS cannot be built
 
 
 def _largest(dtype):
@@ -49,7 +49,10 @@ def saturate_at(x, largest):
     """saturate() with +-`largest` for +-inf: a float32 gradient that a float16 operation made saturates
     at float16's largest value."""
     out = x
-    if _saturates(x.dtype):  # one kernel, which leaves finite values (subnormals, -0) as they are
+    if x.dtype == mstype.bfloat16:  # no CPU nan_to_num reads bfloat16; float32 holds each value exactly
+        out = ops.cast(ops.nan_to_num(ops.cast(x, mstype.float32), nan=0.0, posinf=largest, neginf=-largest),
+                       mstype.bfloat16)
+    elif _saturates(x.dtype):  # one kernel, which leaves finite values (subnormals, -0) as they are
         out = ops.nan_to_num(x, nan=0.0, posinf=largest, neginf=-largest)
     return out
 
@@ -57,33 +60,35 @@ def saturate_at(x, largest):
 def saturated(x, y):
     """1 (float32) where saturate() would change a value of x or of y (one holds an inf or a NaN), else 0:
     a tap's forward output and incoming gradient, in as few kernels as a step can afford per layer."""
-    return ops.cast(ops.logical_not(ops.logical_and(ops.isfinite(x).all(), ops.isfinite(y).all())),
-                    mstype.float32)
+    return ops.cast(ops.logical_not(ops.logical_and(_finite(x), _finite(y))), mstype.float32)
 
 
-def host_saturates(dtype) -> bool:
-    """Whether saturate_np() reads this MindSpore type (float16, float32)."""
-    return dtype == mstype.float16 or dtype == mstype.float32
+def _finite(x):
+    if x.dtype == mstype.bfloat16:  # no CPU isfinite reads bfloat16; float32 holds each value exactly
+        x = ops.cast(x, mstype.float32)
+    return ops.isfinite(x).all()
 
 
-def _special(a: np.ndarray):
-    unsigned, exponent, mantissa, sign, top = _BITS[a.dtype]
-    bits = a.view(unsigned)
-    return bits, (bits & unsigned(exponent)) == exponent, unsigned, mantissa, sign, top
+def native_saturates(dtype) -> bool:
+    """Whether KERNELS read this MindSpore type (float16, bfloat16, float32)."""
+    return _saturates(dtype)
 
 
-def saturate_np(a: np.ndarray) -> np.ndarray:
-    """saturate() of a float16 or float32 array, on its bits; the array itself when it holds no inf or NaN."""
-    bits, special, unsigned, mantissa, sign, top = _special(a)
-    if not special.any():
-        return a
-    out = bits.copy()
-    out[special] = (bits[special] & unsigned(sign)) | unsigned(top)
-    out[special & ((bits & unsigned(mantissa)) != 0)] = 0
-    return out.view(a.dtype)
+class Kernels:
+    """KERNELS as MindSpore aot operators, from `library`, the shared object built from them
+    (lsexp.runtime.native): rule(x), flag(y, dout) (float32 [1]), rule_flag(y, dout) (both at once, on
+    dout), and as(largest), the rule for a parameter gradient that saturates at FP16_MAX or BF16_MAX."""
 
+    def __init__(self, library: str):
+        def custom(name, shape, dtype):
+            return ops.Custom(f"{library}:{name}", out_shape=shape, out_dtype=dtype, func_type="aot")
 
-def nonfinite_np(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """saturated() on the host: [1.] (float32) when x or y (float16 or float32) holds an inf or a NaN,
-    else [0.]. Two arguments, not *arrays: a pyfunc kernel takes its inputs from the signature."""
-    return np.array([_special(x)[1].any() or _special(y)[1].any()], np.float32)
+        self.rule = custom("Saturate", lambda x: x, lambda x: x)
+        self.flag = custom("Nonfinite", lambda y, dout: (1,), lambda y, dout: mstype.float32)
+        self.rule_flag = custom("SaturateFlag", lambda y, dout: (dout, (1,)),
+                                lambda y, dout: (dout, mstype.float32))
+        self._as = {FP16_MAX: custom("SaturateAsHalf", lambda x: x, lambda x: x),
+                    BF16_MAX: custom("SaturateAsBfloat", lambda x: x, lambda x: x)}
+
+    def rule_as(self, largest: float):
+        return self._as[largest]

@@ -39,6 +39,8 @@ class Transform(nn.Cell):
     status(y, dout, state): a float32 scalar the tap hands the step as its status probe's gradient (an
     emulated status register: how many values the transform changed, going forward and coming back);
     y and dout as they reached the tap, before the transform.
+    backward_status(y, dout, state): (backward(dout, state), status(y, dout, state)), which the tap's
+    exit asks for at once, so that a transform can answer both in one kernel.
     """
 
     def forward(self, y):
@@ -55,6 +57,9 @@ class Transform(nn.Cell):
 
     def status(self, y, dout, state):
         return ops.zeros((), mstype.float32)
+
+    def backward_status(self, y, dout, state):
+        return self.backward(dout, state), self.status(y, dout, state)
 
 
 class Chain(Transform):
@@ -186,8 +191,7 @@ class _Exit(nn.Cell):
         return exit_stats(out, dout, self.tiny, self.fp16_max)
 
     def bprop(self, y, state, probe, status_probe, out, dout):
-        status = self.transform.status(y, dout, state)
-        dout = self.transform.backward(dout, state)
+        dout, status = self.transform.backward_status(y, dout, state)
         # as the output's own type: PyNative checks it, graph mode casts to it anyway
         stats = self._stats(out, dout) if self.observe else self.unobserved
         return ops.cast(dout, y.dtype), _zeros_like(state), stats, status

@@ -12,40 +12,35 @@ from __future__ import annotations
 from typing import Optional
 
 import mindspore as ms
-from mindspore import dtype as mstype
-from mindspore import ops
 
-from lsexp.formats.saturation import host_saturates, nonfinite_np, saturate, saturate_np, saturated
+from lsexp.formats.saturation import FALLBACK, KERNELS, Kernels, native_saturates, saturate, saturated
+from lsexp.runtime.native import built
 from lsexp.taps.cells import Transform
-
-# Below this many values a tensor saturates in MindSpore ops on CPU too: a host kernel's call costs more
-# than their pass over a small tensor, and less than their float16 pass over a large one
-# (docs/saturation.md, "What it costs").
-HOST_FROM = 2**14
 
 
 class Saturation(Transform):
     """Saturates what `inner` (inject.layer's transform, or none) makes of the layer's output and of the
-    gradient flowing into it; status(): 1 when it saturated a value, either way. On CPU a large float16
-    or float32 tensor saturates, and raises the flag, in a host kernel (a MindSpore pyfunc on the
-    tensor's bits): MindSpore's CPU kernels walk float16 one value at a time."""
+    gradient flowing into it; status(): 1 when it saturated a value, either way. On CPU a float16,
+    bfloat16 or float32 tensor saturates, and raises the flag, in lsexp's native kernels (KERNELS, as
+    MindSpore aot operators), and a tap's backward saturates and flags in one of them; elsewhere, or
+    where they cannot be built, in MindSpore ops. native: force the choice (tests, benchmarks)."""
 
-    def __init__(self, inner: Optional[Transform] = None, host: Optional[bool] = None):
+    def __init__(self, inner: Optional[Transform] = None, native: Optional[bool] = None):
         super().__init__()
         self.inner = inner if inner is not None else Transform()
-        self.host = ms.get_context("device_target") == "CPU" if host is None else host
-        self.host_from = HOST_FROM
-        if self.host:
-            self.flag = ops.Custom(nonfinite_np, out_shape=lambda y, dout: (1,),
-                                   out_dtype=lambda y, dout: mstype.float32, func_type="pyfunc")
-            self.rule = ops.Custom(saturate_np, out_shape=lambda x: x, out_dtype=lambda x: x,
-                                   func_type="pyfunc")
+        if native is None:
+            native = ms.get_context("device_target") == "CPU"
+        lib = built(KERNELS, FALLBACK) if native else None
+        self.native = lib is not None
+        if self.native:
+            kernels = Kernels(lib)
+            self.rule, self.flag, self.rule_flag = kernels.rule, kernels.flag, kernels.rule_flag
 
-    def _on_host(self, x):
-        return self.host and host_saturates(x.dtype) and x.size >= self.host_from
+    def _on_kernels(self, x):
+        return self.native and native_saturates(x.dtype)
 
     def _saturate(self, x):
-        if self._on_host(x):
+        if self._on_kernels(x):
             return self.rule(x)
         return saturate(x)
 
@@ -63,6 +58,13 @@ class Saturation(Transform):
 
     def status(self, y, dout, state):
         y, dout = self.inner.replay(y, state), self.inner.backward(dout, state)
-        if self._on_host(y) and self._on_host(dout):
+        if self._on_kernels(y) and self._on_kernels(dout):
             return self.flag(y, dout).reshape(())
         return saturated(y, dout)
+
+    def backward_status(self, y, dout, state):
+        y, dout = self.inner.replay(y, state), self.inner.backward(dout, state)
+        if self._on_kernels(y) and self._on_kernels(dout):
+            out, flag = self.rule_flag(y, dout)
+            return out, flag.reshape(())
+        return saturate(dout), saturated(y, dout)

@@ -77,7 +77,7 @@ def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, ra
                                  probes=taps.probes(entry=False) if cfg.telemetry.layers else (),
                                  layer_factor=None if injection is None else injection.factor,
                                  keep_weights=locates(cfg), advance=advance,
-                                 saturation=step_saturation(cfg, taps) if saturates(cfg) else None)
+                                 saturation=step_saturation(cfg, taps, target) if saturates(cfg) else None)
     step_cell.set_train()
     return net, step_cell, taps
 
@@ -118,14 +118,17 @@ def saturates(cfg) -> bool:
     return cfg.device.get("overflow_mode", "infnan") == "saturation"
 
 
-def step_saturation(cfg, taps):
+def step_saturation(cfg, taps, target: str):
     """What the train step takes of device.overflow_mode=saturation: the taps' status probes, whether its
     check reads the emulated flag (device.status_check), and where a parameter gradient saturates."""
     from lsexp.engines.recorder import Saturation
-    from lsexp.formats.saturation import BF16_MAX, FP16_MAX
+    from lsexp.formats.saturation import BF16_MAX, FALLBACK, FP16_MAX, KERNELS, Kernels
+    from lsexp.runtime.native import built
 
-    return Saturation(tuple(taps.status_probes()), bool(cfg.device.status_check),
-                      FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX)
+    largest = FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX
+    lib = built(KERNELS, FALLBACK) if target == "CPU" else None
+    return Saturation(tuple(taps.status_probes()), bool(cfg.device.status_check), largest,
+                      Kernels(lib).rule_as(largest) if lib else None)
 
 
 def locates(cfg) -> bool:
