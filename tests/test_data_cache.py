@@ -58,7 +58,7 @@ def _load(*overrides):
 
 
 # --- the same run either way ----------------------------------------------------------------------
-@pytest.mark.parametrize("data_args", ["mnist_resized", "mnist_28",
+@pytest.mark.parametrize("data_args", [pytest.param("mnist_resized", marks=pytest.mark.slow), "mnist_28",
                                        pytest.param("cifar10", marks=pytest.mark.slow), "image_folder"],
                          indirect=True)
 def test_memory_and_stream_train_and_evaluate_the_same(train_run, data_args):

@@ -12,7 +12,7 @@ from conftest import run_cli
 SMALL = ("workload=gpt_python", "dataset.max_bytes=200000", "dataset.seq_len=32", "dataset.batch_size=16")
 STRATEGIES = ("none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_hysteresis", "dynamic_seed_blog",
               "amax_history", "adaptive_window", "megatron")
-FAST = {("dynamic", "cell"), ("fixed_nodrop", "functional")}
+FAST = {("dynamic", "cell")}
 
 
 def _cases():

@@ -8,10 +8,10 @@ from conftest import run_cli
 # (workload, optimizer): the optimizer's correction is eps / K (AdamWeightDecay) or MindSpore's own
 # loss_scale / K (Momentum)
 CONTROLS = [
-    pytest.param(("model=mlp", "dataset=digits"), "adamw", id="mlp-adamw"),
+    pytest.param(("model=mlp", "dataset=digits"), "adamw", id="mlp-adamw", marks=pytest.mark.slow),
     pytest.param(("model=mlp", "dataset=digits"), "momentum", id="mlp-momentum"),
     pytest.param(("workload=gpt_python", "dataset.max_bytes=200000", "dataset.seq_len=32",
-                  "dataset.batch_size=16"), "adamw", id="gpt-adamw"),
+                  "dataset.batch_size=16"), "adamw", id="gpt-adamw", marks=pytest.mark.slow),
     pytest.param(("workload=transformer_text",), "adamw", id="lm-adamw",
                  marks=pytest.mark.slow),
     pytest.param(("model=mlp", "dataset=digits"), "adam", id="mlp-adam", marks=pytest.mark.slow),

@@ -65,7 +65,8 @@ def test_a_quantised_dense_computes_with_the_formats_values_forward_and_back(rec
 
 # one in the default suite; the rest, and every loss_scale option on two workloads, in the slow step
 @pytest.mark.parametrize("recipe, loss_scale", [
-    ("fp8_delayed", "dynamic"), pytest.param("fp8_current", "fixed_nodrop", marks=pytest.mark.slow),
+    pytest.param("fp8_delayed", "dynamic", marks=pytest.mark.slow),
+    pytest.param("fp8_current", "fixed_nodrop", marks=pytest.mark.slow),
     pytest.param("mxfp8", "fixed_drop", marks=pytest.mark.slow),
     pytest.param("hif8_current", "dynamic", marks=pytest.mark.slow)])
 def test_every_recipe_trains_under_a_dropping_or_a_non_dropping_scale(train_run, recipe, loss_scale):

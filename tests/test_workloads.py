@@ -46,7 +46,8 @@ def _short_run(train_run, *overrides):
 
 
 # BatchNorm in float32 (O2) or float16 (O3, in CI's slow step)
-@pytest.mark.parametrize("amp", ["O2", pytest.param("O3", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("amp", ["O2", "O3"])
 def test_resnet_trains_with_batchnorm_in_both_precisions(train_run, amp):
     summary, rows = _short_run(train_run, "model=resnet", "model.depth=8", "dataset=digits", f"amp={amp}",
                                "loss_scale=dynamic")
