@@ -111,7 +111,9 @@ def interrupt(root: Path, args: Sequence[str], how: str, env=None) -> str:
 
 def check_interrupted(uri: str, how: str, output: str) -> Set[str]:
     """What the stop left: the parent KILLED (RUNNING when nothing could end it), jobs 0 and 1 FINISHED,
-    job 3 not; returns the jobs that finished."""
+    job 3 not; returns the jobs that finished. After SIGINT job 3's run may be missing: its niced worker
+    may not have opened it yet when Slurm's SIGKILL, KillWait after the SIGTERM, takes the worker too (seen
+    on a 2-core AMD EPYC); after SIGKILL the job was held until its run was in the store."""
     (parent,), children = family(uri)
     assert parent.info.status == ("KILLED" if how == "SIGINT" else "RUNNING"), output[-5000:]
     status = {c.data.tags["lsexp.job"]: c.info.status for c in children}
@@ -119,7 +121,8 @@ def check_interrupted(uri: str, how: str, output: str) -> Set[str]:
     left = {"KILLED"} if how == "SIGINT" else {"RUNNING"}
     assert set(status.values()) <= {"FINISHED"} | left, (status, output[-5000:])
     finished = {job for job, s in status.items() if s == "FINISHED"}
-    assert {"0", "1"} <= finished and "3" in status and "3" not in finished, (status, output[-5000:])
+    assert {"0", "1"} <= finished and "3" not in finished, (status, output[-5000:])
+    assert "3" in status or how == "SIGINT", (status, output[-5000:])
     return finished
 
 

@@ -102,7 +102,7 @@ SchedulerParameters=sched_min_interval=0,sched_interval=1
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
-KillWait=10
+KillWait=30
 InactiveLimit=0
 MinJobAge=300
 MpiDefault=none

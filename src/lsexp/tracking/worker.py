@@ -65,10 +65,53 @@ def _stops_held():
 def _ignore_stops() -> None:
     """A job stopped with its whole process tree (Slurm's scancel signals every process of a job, a
     kill of a process group each member) took its worker with it, before the worker could open or
-    end the run. The worker ends when its job says so or dies (its input closes); SIGKILL stops it."""
-    for stop in _STOPS:
-        signal.signal(stop, signal.SIG_IGN)
+    end the run. The worker ends when its job says so or dies (its input closes); SIGKILL stops it.
+    SIGTERM also starts the worker's own deadline (_Deadline)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _DEADLINE.start)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPS)
+
+
+class _Deadline:
+    """SIGTERM reaching the worker means its job is being stopped with it: Slurm's scancel signals every
+    process of a job and SIGKILLs them all KillWait later (30 s by default, and in the tests' cluster). A
+    job inside a long MindSpore call (compiling its step, say, on a slow machine) runs its
+    Python handler only when the call returns, and the SIGKILL would take the worker before the job
+    closed its run, leaving it RUNNING. So GRACE seconds after SIGTERM the worker ends a run still open
+    KILLED itself; if the job closes it later, its own status, tags and artifacts are written over."""
+
+    GRACE = 5.0
+
+    def __init__(self):
+        self.run: Optional["MlflowRun"] = None
+        self.closed = False
+        self.passed = False  # GRACE has run out: a run opened from now on is ended at once
+
+    def opened(self, run: "MlflowRun") -> None:
+        self.run = run
+        if self.passed:
+            self._end()
+
+    def start(self, signum, frame) -> None:
+        import threading
+
+
+        timer = threading.Timer(self.GRACE, self._end)
+        timer.daemon = True
+        timer.start()
+
+    def _end(self) -> None:
+        self.passed = True
+        run = self.run
+        if run is None or self.closed:
+            return
+        with contextlib.suppress(Exception):  # the job's own close, or the worker's, tells the store
+            said = f"stopped (SIGTERM) and not closed {self.GRACE:g} s later"
+            with_retry(run.client.set_tag, run.run_id, "lsexp.error", said)
+            with_retry(run.client.set_terminated, run.run_id, "KILLED")
+
+
+_DEADLINE = _Deadline()
 
 
 class Worker:
@@ -328,6 +371,7 @@ def serve(lines) -> int:
                 run = MlflowRun(
                     msg.uri, msg.start_dir, msg.experiment_name, msg.run_name, msg.tags, msg.params
                 )
+                _DEADLINE.opened(run)
             elif isinstance(msg, protocol.Steps):
                 run.log_steps(msg.rows, msg.epoch_eval)
             elif isinstance(msg, protocol.Finish):
@@ -338,6 +382,7 @@ def serve(lines) -> int:
         print(f"lsexp: tracking error: {error}", file=sys.stderr)
     if run is not None:
         try:
+            _DEADLINE.closed = True  # from here the worker closes the run itself
             run.finish(out_dir, status, error)
         except Exception as err:
             print(f"lsexp: tracking error: {scrub(_one_line(err), configured_uri(uri))}", file=sys.stderr)
