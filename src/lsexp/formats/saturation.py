@@ -49,11 +49,8 @@ def saturate_at(x, largest):
     """saturate() with +-`largest` for +-inf: a float32 gradient that a float16 operation made saturates
     at float16's largest value."""
     out = x
-    if x.dtype == mstype.bfloat16:  # no CPU nan_to_num reads bfloat16; float32 holds each value exactly
-        out = ops.cast(ops.nan_to_num(ops.cast(x, mstype.float32), nan=0.0, posinf=largest, neginf=-largest),
-                       mstype.bfloat16)
-    elif _saturates(x.dtype):  # one kernel, which leaves finite values (subnormals, -0) as they are
-        out = ops.nan_to_num(x, nan=0.0, posinf=largest, neginf=-largest)
+    if _saturates(x.dtype):  # one kernel, which leaves finite values (subnormals, -0) as they are
+        out = ops.cast(ops.nan_to_num(_readable(x), nan=0.0, posinf=largest, neginf=-largest), x.dtype)
     return out
 
 
@@ -64,9 +61,15 @@ def saturated(x, y):
 
 
 def _finite(x):
-    if x.dtype == mstype.bfloat16:  # no CPU isfinite reads bfloat16; float32 holds each value exactly
-        x = ops.cast(x, mstype.float32)
-    return ops.isfinite(x).all()
+    return ops.isfinite(_readable(x)).all()
+
+
+def _readable(x):
+    """x as MindSpore's CPU nan_to_num and isfinite read it: bfloat16, which they do not, as float32, which
+    holds each of its values exactly; another type as it is."""
+    if x.dtype == mstype.bfloat16:
+        return ops.cast(x, mstype.float32)
+    return x
 
 
 def native_saturates(dtype) -> bool:
