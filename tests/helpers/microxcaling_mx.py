@@ -4,8 +4,9 @@ formats fp8_e4m3 and fp8_e5m2, an E8M0 scale (scale_bits=8) shared by each block
 along one axis, shared_exp_method "max", the pure-PyTorch path (custom_cuda=False, MxSpecs' default).
 
 Read from github.com/microsoft/microxcaling at commit 7bc41952de394f5cc5e782baf132e7c7542eb4e4
-(2024-08-19, "Merge pull request #26"; the newest commit touching these files is fe332892a1b9, and
-mx/mx_ops.py is unchanged since the initial commit 3b429a84b2fb):
+(2024-08-19, "Merge pull request #26", the newest commit of the repository; the newest commit touching
+these files is fe332892a1b9, and mx/mx_ops.py is unchanged since the initial commit 3b429a84b2fb), and
+read against it again line by line at that commit:
 - mx/mx_ops.py: _shared_exponents, _reshape_to_blocks, _undo_reshape_to_blocks, _quantize_mx;
 - mx/elemwise_ops.py: _quantize_elemwise_core, _round_mantissa, _safe_lshift, _safe_rshift;
 - mx/formats.py: FP32_EXPONENT_BIAS, FP32_MIN_NORMAL, _get_min_norm, _get_format_params;
@@ -56,17 +57,36 @@ How special blocks come out (all follow from the formulas, none is special-cased
 - the block maximum may saturate: amax / 2**shared_exp lies in [2**emax, 2**(emax+1)), and whatever lies
   in [max_norm, 2**(emax+1)) there (e4m3: [448, 512)) comes out max_norm * 2**shared_exp.
 
-Float32 artefacts of the pure-PyTorch path that are kept (an implementation computing exponents from the
-bits, as the OCP spec and microxcaling's own C++/CUDA kernels do, differs there):
-- floor(log2(x)) is taken of a float32 log2. Within a few ulp below a power of two 2**k, k >= 3 or
-  k <= -3, the float32 log2 rounds up to k (e.g. x = 8 * (1 - 2**-24) gives 3, not 2; near 2**64 about 22
-  float32 values do so). For amax this makes the shared exponent one larger (e.g. e4m3, amax =
-  nextafter(8, 0): the reference gives 8.0 for that element, the exact exponent gives 7.0 = 448 * 2**-6).
-  Here log2 is computed in float64 and rounded to float32 (correctly rounded float32 log2; np.log2 on
-  float32 gave the same floors on everything tried); torch's vectorised log2f is only ~1 ulp accurate, so
-  exactly which values next to 2**k flip may differ there. exact_log2=True (not part of microxcaling)
-  takes the exact exponent instead, for comparing with a bit-level implementation.
-- "nearest" adds 0.5 in float32: a scaled denormal |out| = 0.5 - 2**-25 becomes 1.0 and rounds up.
+Float32 artefacts of the pure-PyTorch path, both kept: this is microxcaling as it computes, and an exact
+cast (the OCP spec's, lsexp's) differs from it exactly where these two rules say (tests/test_formats.py
+predicts each such element from the rules and checks that lsexp differs there and nowhere else):
+(a) floor(log2(x)) is taken of a float32 log2. The float32 log2 of an x just below a power of two 2**k
+  rounds up to k when the true log2(x) = k - g lies within half a float32 spacing of k, g < ulp/2 with
+  ulp = k - nextafter(k, -inf) in float32: for 3 <= k <= 128 and -131 <= k <= -2 (never for k = -1, 0,
+  1, 2, nor for k < -131, where float32's subnormals are too far apart), the top 1 to 44 float32 values
+  below 2**k (x = 8 * (1 - 2**-24) gives 3, not 2; below 2**64, 22 values; below 2**128, 44, float32's
+  largest among them). For the block's amax this makes the shared exponent one larger, unless both are
+  clamped to -127. E.g. e4m3, amax = 2**-18 * (1 - 2**-24): shared exponent -26
+  where the exact one is -27; that element comes out 2**-18, where an exact cast saturates it to
+  448 * 2**-27. And float32's largest value comes out inf (2**128) in both element formats. The element
+  private exponent is taken the same way, but there it never changes a result: an element just below
+  2**j rounds to 2**j on either exponent's grid (or to the same clamp or the same clipped exponent).
+  Here the float32 log2 is float64's log2 rounded to float32, i.e. correctly rounded. On every float32
+  value within 64 spacings below each power of two 2**-149 ... 2**128 (7456 of them round up to k) it
+  gives the same floor as numpy's float32 log2, glibc 2.36's log2f (torch's scalar path) and Sleef
+  3.5.1's Sleef_log2f8_u10avx2 and Sleef_log2f16_u10avx512f (the vectorised log2 of torch's CPU
+  kernels; Debian's libsleef, torch builds its own), so which values round up does not depend on which of
+  them torch ran.
+(b) "nearest" takes floor(|t| + 0.5) with the sum in float32, t the element in units of its grid step
+  (after _safe_lshift). The sum rounds up to the integer n + 1 where t lies within half a float32 spacing
+  (the spacing just below n + 1) under n + 1/2. Below each boundary n + 1/2 with n >= 1 no float32 t lies
+  that close (t's own spacing is at least as large), so the only such t is 0.5 - 2**-25 (float32's value
+  just below 0.5): it becomes 1.0 and rounds up to the element format's smallest step, where the exact
+  rounding is 0. "even" rounds it up as well: floor(t + 0.5) = 1 and its tie mask is 0, since
+  (t - 0.5) % 2 = -2**-25 + 2 rounds to 2.0 in float32 (fmod then + 2, as torch.remainder and numpy's %
+  compute it; a - b * floor(a / b) gives 2.0 too). E.g. e4m3,
+  a block [1.0, 2**-18 * (1 - 2**-24), 0, ...]: shared exponent -8, the second element has
+  t = 2**-18 * (1 - 2**-24) / 2**-8 / 2**-6 * 2**3 = 0.5 - 2**-25 and comes out 2**-17, not 0.
 
 block_size=0 means, as in _quantize_mx, one shared exponent for the whole axis. Along `axis` the array is
 zero-padded to a multiple of block_size (as _reshape_to_blocks does; zeros never change a block's amax)
@@ -97,15 +117,11 @@ def _format(elem_format):
         raise ValueError(f"unsupported elem_format {elem_format!r}; one of {sorted(FORMATS)}") from None
 
 
-def _floor_log2(x, exact):
-    """floor(torch.log2(x)) of a float32 array x >= 0 (or NaN/inf), as float32."""
+def _floor_log2(x):
+    """torch.floor(torch.log2(x)) of a float32 array x >= 0 (or NaN/inf), as float32: log2 rounded to
+    float32 (correctly rounded; see the module's docstring, artefact (a)), then floored."""
     with np.errstate(all="ignore"):
-        out = np.floor(np.log2(x.astype(np.float64)).astype(f32))
-        if exact:
-            m, e = np.frexp(x)  # x = m * 2**e, m in [0.5, 1) for finite x > 0
-            finite = np.isfinite(x) & (x > 0)
-            out = np.where(finite, (e - 1).astype(f32), out)
-    return out
+        return np.floor(np.log2(x.astype(np.float64)).astype(f32))
 
 
 def _exp2(e):
@@ -126,18 +142,17 @@ def _round_mantissa(A, round):
     raise ValueError(f"unsupported round {round!r}; one of {_ROUNDS}")
 
 
-def _quantize_elemwise_core(A, bits, exp_bits, max_norm, round="nearest", saturate_normals=False,
-                            exact_log2=False):
+def _quantize_elemwise_core(A, bits, exp_bits, max_norm, round="nearest", saturate_normals=False):
     """mx/elemwise_ops.py _quantize_elemwise_core with allow_denorm=True, custom_cuda=False, exp_bits > 0."""
     with np.errstate(all="ignore"):
         out = A  # allow_denorm=True: nothing flushed
-        private_exp = _floor_log2(np.abs(A) + (A == 0).astype(f32), exact_log2)
+        private_exp = _floor_log2(np.abs(A) + (A == 0).astype(f32))
         # The minimum representable exponent for 8 exp bits is -126
         min_exp = -(2 ** (exp_bits - 1)) + 2
         private_exp = np.maximum(private_exp, f32(min_exp))  # torch .clip(min=): NaN stays NaN
         # _safe_lshift(out, bits - 2, private_exp)
         out = out / _exp2(private_exp) * f32(2 ** (bits - 2))
-        out = _round_mantissa(out, round)
+        out = _round_mantissa(out, round)  # |out| + 0.5 in float32: artefact (b)
         # _safe_rshift(out, bits - 2, private_exp)
         out = out / f32(2 ** (bits - 2)) * _exp2(private_exp)
         if saturate_normals:
@@ -169,12 +184,12 @@ def _from_blocks(B, n, axis):
     return np.moveaxis(B, -1, axis)
 
 
-def _block_shared_exp(B, emax, flush_fp32_subnorms, exact_log2):
+def _block_shared_exp(B, emax, flush_fp32_subnorms):
     """Shared exponents of blocked B (keepdim on the last axis), and B after the optional flush."""
     with np.errstate(all="ignore"):
         # _shared_exponents(A, method="max", axes=[block axis], ebits=0)
         amax = np.max(np.abs(B), axis=-1, keepdims=True)
-        shared_exp = _floor_log2(amax + f32(FP32_MIN_NORMAL) * (amax == 0).astype(f32), exact_log2)
+        shared_exp = _floor_log2(amax + f32(FP32_MIN_NORMAL) * (amax == 0).astype(f32))  # artefact (a)
         # Flush subnormal FP32 inputs to zero
         if flush_fp32_subnorms:
             B = B * (shared_exp > -FP32_EXPONENT_BIAS).astype(f32)
@@ -186,18 +201,17 @@ def _block_shared_exp(B, emax, flush_fp32_subnorms, exact_log2):
     return shared_exp.astype(f32, copy=False), B
 
 
-def shared_exponents(A, elem_format, block_size=32, axis=-1, *, exact_log2=False):
+def shared_exponents(A, elem_format, block_size=32, axis=-1):
     """The shared exponent of each block as _quantize_mx divides by (2**it is the E8M0 scale): float32,
     in [-127, 127] or NaN. Shape: A's, with the `axis` dimension replaced by the number of blocks."""
     fmt = _format(elem_format)
     B, _ = _to_blocks(A, block_size, axis)
-    shared_exp, _ = _block_shared_exp(B, fmt["emax"], False, exact_log2)
+    shared_exp, _ = _block_shared_exp(B, fmt["emax"], False)
     return np.moveaxis(shared_exp[..., 0], -1, axis)
 
 
 def quantize_mx(A: np.ndarray, elem_format: str, block_size: int = 32, round: str = "nearest",
-                axis: int = -1, flush_fp32_subnorms: bool = False, *, exact_log2: bool = False
-                ) -> np.ndarray:
+                axis: int = -1, flush_fp32_subnorms: bool = False) -> np.ndarray:
     """mx/mx_ops.py _quantize_mx(A, scale_bits=8, elem_format, shared_exp_method="max", axes=[axis],
     block_size, round, flush_fp32_subnorms, custom_cuda=False): the dequantised values (element times
     2**shared_exp), float32, A's shape."""
@@ -205,10 +219,10 @@ def quantize_mx(A: np.ndarray, elem_format: str, block_size: int = 32, round: st
         raise ValueError(f"unsupported round {round!r}; one of {_ROUNDS}")
     fmt = _format(elem_format)
     B, n = _to_blocks(A, block_size, axis)
-    shared_exp, B = _block_shared_exp(B, fmt["emax"], flush_fp32_subnorms, exact_log2)
+    shared_exp, B = _block_shared_exp(B, fmt["emax"], flush_fp32_subnorms)
     with np.errstate(all="ignore"):
         B = B / _exp2(shared_exp)
         B = _quantize_elemwise_core(B, fmt["mbits"], fmt["ebits"], fmt["max_norm"], round=round,
-                                    saturate_normals=True, exact_log2=exact_log2)
+                                    saturate_normals=True)
         B = B * _exp2(shared_exp)
     return np.ascontiguousarray(_from_blocks(B.astype(f32, copy=False), n, axis))
