@@ -124,10 +124,14 @@ class DelayedScaling(nn.Cell):
         value the caller must depend on."""
         amax = ops.cast(amax, ms.float32).reshape(())
         zero = ops.zeros((), ms.float32)
-        slot = self.amax_history[0]
+        # one read of the whole history, ordered after this step's advance(): in graph mode a slice of the
+        # Parameter itself (self.amax_history[1:]) reads it as it was when the step began (MindSpore 2.10),
+        # and writing that back would undo advance()'s roll, leaving one amax in the window
+        history = self.amax_history.value()
+        slot = history[0]
         taken = ops.where(ops.isnan(amax) | ops.isnan(slot), amax + slot, ops.maximum(amax, slot))
         slot = ops.where((amax > 0) | ops.isnan(amax), taken, slot)
-        kept = self.amax_history[1:] if self.amax_history.shape[0] > 1 else None
+        kept = history[1:] if history.shape[0] > 1 else None
         history = slot.reshape((1,)) if kept is None else ops.concat((slot.reshape((1,)), kept))
         return ops.depend(zero, ops.assign(self.amax_history, history))
 
