@@ -146,7 +146,10 @@ class _TrainStep(nn.Cell):
     """The order lsexp's cell engine calls the states in (lsexp.engines.cell's construct with
     lsexp.engines.recorder's _begin, single process): each state's advance() made a dependency of the
     first input, then the forward pass for the loss, then GradOperation over it with a sensitivity made
-    from the loss, which runs the forward pass again (record() twice) and the bprop (note())."""
+    from the loss, and its bprop (note()). The gradient's forward pass does not run record() a second time:
+    MindSpore 2.10 runs a forward pass's side effects once a step (measured with an AssignAdd), so a
+    record() that added instead of taking the maximum would pass here; train.accumulate_steps > 1, one
+    record() per micro-batch, is not driven here."""
 
     def __init__(self, network: _Network, states):
         super().__init__(auto_prefix=False)
