@@ -263,19 +263,11 @@ def assert_mx_differs_exactly_where_predicted(x, got, want, p):
     np.testing.assert_array_equal(np.abs(want[top]), power)
 
 
-def mx_window_ks(elem, broken=False):
-    """The k of mx_window_blocks' 2^k: amax in [2^(emax-126), 2^-100), k from emax - 125 to -100, is where
-    lsexp's MX scale is wrong (MXCast.scales and host.MXCastHost clamp amax to 2^-100 before ufp)."""
-    emax = mx_params(elem)[0]
-    bad = range(emax - 125, -99)
-    return list(bad) if broken else [k for k in range(emax - 130, 129) if k not in bad]
-
-
 def mx_window_blocks(elem, seed, ks=None):
     """Blocks built to fall in both windows. Each block's largest element is one of the float32 values
     just below 2^k whose log2 rounds up to k (the first and the last of them), or the largest one whose log2
     does not, for every k in `ks`; by default from where both exponents are clamped to 2^-127 up to 128
-    (float32's largest), less the k of lsexp's bug (mx_window_ks).
+    (float32's largest).
     Beside it: elements (0.5 - 2^-25) * step, where step is the element format's smallest at the block's
     scale, microxcaling's and lsexp's; their neighbours; the boundaries n + 1/2 of every binade's grid and
     the float32 values either side of them; and random elements. Float32 subnormals are made 0 (MindSpore's
@@ -283,7 +275,7 @@ def mx_window_blocks(elem, seed, ks=None):
     emax, emin, mant, _ = mx_params(elem)
     rng = np.random.default_rng(seed)
     rows = []
-    for k in mx_window_ks(elem) if ks is None else ks:
+    for k in range(emax - 130, 129) if ks is None else ks:
         below = []  # the float32 values just below 2^k whose log2 rounds up, and the next one down
         a = np.finfo(np.float32).max if k == 128 else np.nextafter(np.float32(2.0**k), np.float32(0))
         while log2_rounds_up(F64(a)):
@@ -340,15 +332,43 @@ def test_mx_differs_from_microxcaling_exactly_where_its_float32_log2_and_half_ro
     assert np.array_equal(shared[ok] == np.log2(scales[ok].astype(F64)) + 1, a_blocks[ok])
 
 
-@pytest.mark.xfail(strict=True, reason="lsexp bug: MXCast.scales (and host.MXCastHost) clamp a block's amax "
-                   "to 2^-100 before ufp, so an amax in [2^(emax-126), 2^-100) gets the scale 2^(-100-emax)")
-@pytest.mark.parametrize("elem", ["e4m3", "e5m2"])
-def test_mx_a_block_whose_largest_element_is_below_2_to_the_minus_100(elem):
-    """E4M3: amax in [2^-118, 2^-100); E5M2: [2^-111, 2^-100). Each such block comes out flushed, its
-    largest element rounded to the element format's smallest step at the scale 2^(-100-emax)."""
-    x = mx_window_blocks(elem, 0, ks=mx_window_ks(elem, broken=True))
-    p = MXPrediction(x, elem, "nearest")
-    np.testing.assert_array_equal(quantize(x, f"mx_{elem}"), p.exact.astype(np.float32))
+@pytest.mark.parametrize("elem,rounding", MX_CASES)
+def test_mx_a_block_whose_largest_element_is_below_2_to_the_minus_100(elem, rounding):
+    """E4M3: amax in [2^-118, 2^-100); E5M2: [2^-111, 2^-100). The scale is 2^(floor(log2(amax)) - emax)
+    there as everywhere above E8M0's 2^-127, in the ops and in the CPU step's numpy kernel (both once
+    clamped amax up to 2^-100, scaled such a block by 2^(-100-emax) and flushed it)."""
+    from mindspore import Tensor
+
+    from lsexp.formats import cast, host
+
+    emax = mx_params(elem)[0]
+    # an example: E4M3, amax 6.0e-36 in [2^-118, 2^-117): scale 2^-126 (once 2^-108); E5M2, amax 1.0e-32
+    # in [2^-107, 2^-106): scale 2^-122 (once 2^-115)
+    top, example_exp = {"e4m3": (6.0e-36, -126), "e5m2": (1.0e-32, -122)}[elem]
+    example = np.zeros((1, 32), np.float32)
+    example[0, :3] = top, -top / 6, top / 24
+    x = np.concatenate([mx_window_blocks(elem, 0, ks=range(emax - 125, -99)), example])
+    ours = {"nearest": "away", "even": "even"}[rounding]
+    want = microxcaling_mx.quantize_mx(x, f"fp8_{elem}", round=rounding, flush_fp32_subnorms=True)
+    p = MXPrediction(x, elem, rounding)
+    # every block's exact exponent is in the range: at least E8M0's -126, below the old clamp's -100 - emax
+    assert ((p.block_exact_exp >= -126) & (p.block_exact_exp < -100 - emax)).all()
+    # rule (a) holds there too, and (b) in E4M3 (E5M2's smallest steps there are below 2^-126, flushed)
+    assert p.rule_a.sum() >= 22 and (elem == "e5m2" or p.rule_b.sum() >= 60)
+    for got in (quantize(x, f"mx_{elem}", rounding=ours), host.MXCastHost(FORMATS[elem], 32, ours)(x)):
+        assert_mx_differs_exactly_where_predicted(x, got, want, p)
+    op = cast.MXCast(FORMATS[elem], 32, ours)
+    scales = op.scale_values(op.blocks(Tensor(x))).asnumpy()[..., 0]
+    shared = microxcaling_mx.shared_exponents(x, f"fp8_{elem}")
+    np.testing.assert_array_equal(scales, np.exp2(p.block_exact_exp).astype(np.float32))
+    np.testing.assert_array_equal(shared, p.block_mx_exp)
+    a_blocks = p.block_mx_exp != p.block_exact_exp  # microxcaling's exponent is one more in exactly these
+    assert a_blocks.any() and np.array_equal(shared == np.log2(scales.astype(F64)) + 1, a_blocks)
+    assert shared[-1] == example_exp and scales[-1] == np.float32(2.0**example_exp)
+    got = quantize(example, f"mx_{elem}", rounding=ours)
+    assert_bits_equal(got, want[-1:], example)
+    if elem == "e4m3":  # 6.0e-36 / 2^-126 = 510.4 saturates to 448
+        assert got[0, 0] == np.float32(448 * 2.0**-126)
 
 
 def test_mx_the_example_of_the_docs():
@@ -386,6 +406,8 @@ def test_the_cpu_steps_numpy_kernels_give_the_ops_bits(name):
     x = np.concatenate([random_values(), SPECIALS[np.abs(SPECIALS) >= 2.0**-100]]).astype(np.float32)
     x = np.concatenate([x, np.zeros(-x.size % 32, np.float32)]).reshape(-1, 32)
     if name.startswith("mx_"):
+        # and the built blocks: a largest element in every binade, from where the scale is E8M0's 2^-127 up
+        x = np.concatenate([x, mx_window_blocks(name[3:], 0)])
         for rounding, ours in (("even", "even"), ("nearest", "away")):
             op = host.MXCastHost(FORMATS[name[3:]], 32, ours)
             assert_bits_equal(op(x), quantize(x, name, rounding=ours), x)

@@ -24,7 +24,8 @@ from lsexp.formats.spec import Format
 _PHI = float(2**23 + 1)
 _ONE_MINUS_EPS = 1.0 - 2.0**-24
 # ufp's product must not overflow float32, and a magnitude above 2^64 is beyond every element format;
-# below 2^-100, far under every element format's smallest value, ufp's proof needs normal operands
+# below 2^-100, far under every element format's smallest value, an element rounds to 0 (ufp itself
+# needs only a normal operand, at least 2^-126)
 _HUGE, _SMALL = 2.0**64, 2.0**-100
 _FLOAT32_MAX = 3.4028234663852886e38
 
@@ -42,13 +43,14 @@ def _clamp(x, lo, hi):
 
 
 def ufp(a):
-    """The largest power of two at or below a, for float32 a in [2^-100, 2^100]."""
+    """The largest power of two at or below a, for float32 a in [2^-126, 2^100] (normal: MindSpore's CPU
+    kernels read a subnormal as 0)."""
     q = a * _PHI
     return ops.abs(q - q * _ONE_MINUS_EPS)
 
 
 def ufp_wide(a):
-    """ufp for float32 a in [2^-100, float32's largest]: one above 2^64 is brought down by 2^64, exactly,
+    """ufp for float32 a in [2^-126, float32's largest]: one above 2^64 is brought down by 2^64, exactly,
     and put back."""
     return ops.where(a > _HUGE, ufp(_clamp(a * 2.0**-64, 1.0, _HUGE)) * 2.0**64, ufp(ops.minimum(a, _HUGE)))
 
@@ -134,7 +136,8 @@ class MXCast(nn.Cell):
         self.block = block
         self.elem_max_binade = 2.0**-elem.emax
         # below it, the scale 2^(floor(log2(amax)) - emax) is clamped to E8M0's smallest, 2^-127, a
-        # float32 subnormal: those blocks are scaled in two exact steps
+        # float32 subnormal: those blocks (an all-zero one too, as in microxcaling) are scaled in two
+        # exact steps. From it up, the scale is ufp(amax) * 2^-emax, 2^-126 or more, with no other clamp
         self.lowest_amax = 2.0 ** (elem.emax - 126)
         self.cast = FormatCast(elem, saturate=True, rounding=rounding)
 
@@ -143,7 +146,8 @@ class MXCast(nn.Cell):
         is not finite and 1 where lowest, where the scale is 2^-127."""
         m = ops.nan_to_num(ops.abs(blocks), nan=float("inf"), posinf=float("inf")).max(axis=-1, keepdims=True)
         lowest = m < self.lowest_amax
-        scale = ops.where(lowest, 1.0, ufp_wide(_clamp(m, _SMALL, _FLOAT32_MAX)) * self.elem_max_binade)
+        scale = ufp_wide(_clamp(m, self.lowest_amax, _FLOAT32_MAX)) * self.elem_max_binade
+        scale = ops.where(lowest, 1.0, scale)
         return ops.where(ops.isinf(m), float("nan"), scale), lowest
 
     def scale_values(self, blocks):

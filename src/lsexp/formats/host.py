@@ -79,6 +79,9 @@ class MXCastHost:
         self.limit = _F(elem.max)
         self.block = block
         self.elem_max_binade = _F(2.0**-elem.emax)
+        # below it, E8M0's smallest scale 2^-127 (an all-zero block too), scaled in two exact steps as
+        # MXCast scales it: inside the train step this kernel may run where subnormals read as zero
+        self.lowest_amax = _F(2.0 ** (elem.emax - 126))
         self.cast = FormatCastHost(elem, saturate=True, rounding=rounding)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -90,13 +93,15 @@ class MXCastHost:
                 x = np.concatenate([x, np.zeros(shape[:-1] + (pad,), _F)], axis=-1)
             blocks = x.reshape(shape[:-1] + (-1, self.block))
             m = np.nan_to_num(np.abs(blocks), nan=np.inf, posinf=np.inf).max(axis=-1, keepdims=True)
-            scale = np.where(np.isinf(m), _F(np.nan),
-                             np.maximum(ufp_wide(np.clip(m, _SMALL, _FLOAT32_MAX)) * self.elem_max_binade,
-                                        _F(2.0**-127)))
-            scaled = blocks / scale
-            y = self.cast(scaled) * scale
+            lowest = m < self.lowest_amax
+            scale = ufp_wide(np.clip(m, self.lowest_amax, _FLOAT32_MAX)) * self.elem_max_binade
+            scale = np.where(np.isinf(m), _F(np.nan), np.where(lowest, _F(1), scale))
+            scaled = np.where(lowest, blocks * _F(2.0**127), blocks / scale)
+            q = self.cast(scaled)
+            y = np.where(lowest, q * _F(2.0**-63) * _F(2.0**-64), q * scale)
             if self.record is not None:
-                finite = scale[np.isfinite(scale)]
+                values = np.where(lowest, 2.0**-127, scale.astype(np.float64))
+                finite = values[np.isfinite(values)]
                 self.record(blocks, y, scaled, self.limit, float(finite.max()) if finite.size else math.nan)
             y = y.reshape(shape[:-1] + (-1,))[..., :shape[-1]]
         return y.astype(dtype, copy=False)
