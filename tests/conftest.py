@@ -85,13 +85,52 @@ def train_run(tmp_path):
     return _run
 
 
+def machine_cpus() -> list:
+    """The cores this test session may use, as they were before a pytest -n worker bound itself to its
+    share (the controller writes them into LSEXP_TEST_CPUS for its workers)."""
+    if os.environ.get("LSEXP_TEST_CPUS"):
+        return [int(c) for c in os.environ["LSEXP_TEST_CPUS"].split(",")]
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+
+
+def _bind_worker(workerinput) -> None:
+    """Under pytest -n N, worker i and every process its tests start run on their own share of the
+    cores, as lsexp binds the parallel jobs of a joblib sweep (lsexp.runtime.device.cpu_share): unbound,
+    two MindSpore processes' actor and kernel threads wait on each other's time slices. Tests that need
+    the whole machine ask for it with the `whole_machine` fixture. LSEXP_TEST_BIND=0 leaves them unbound."""
+    cpus, n = machine_cpus(), int(workerinput.get("workercount", 1))
+    if os.environ.get("LSEXP_TEST_BIND", "1") == "0" or not cpus or len(cpus) < n or n < 2:
+        return
+    i = int(workerinput["workerid"].removeprefix("gw"))
+    share = len(cpus) // n
+    os.sched_setaffinity(0, cpus[i * share:(i + 1) * share])
+
+
+@pytest.fixture
+def whole_machine():
+    """Every core of the machine for this test and the processes it starts (a test of core binding);
+    the worker's own share again afterwards."""
+    if not hasattr(os, "sched_setaffinity"):
+        yield []
+        return
+    own = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, machine_cpus())
+    try:
+        yield machine_cpus()
+    finally:
+        os.sched_setaffinity(0, own)
+
+
 def pytest_configure(config):
     # device.onednn_max_cpu_isa=auto: every test, and every process a test starts, shares one
     # calibrated decision, made once per checkout in pytest's own cache folder (.pytest_cache/),
     # instead of the user's. Tests of the calibration itself point LSEXP_CACHE_DIR elsewhere.
     if getattr(config, "cache", None) is not None:
         os.environ.setdefault("LSEXP_CACHE_DIR", str(config.cache.mkdir("lsexp")))
-    if not hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput"):
+        _bind_worker(config.workerinput)
+    else:
+        os.environ.setdefault("LSEXP_TEST_CPUS", ",".join(map(str, machine_cpus())))
         # Calibrate here, before pytest -n starts its workers: with tests running beside it the probe's
         # timings are too noisy to trust (under -n 2 a first CI run measured AVX2 0.279 s against
         # 0.320 s a step, below the 1.2 margin, and took null, 8x slower on convolutions).
@@ -100,3 +139,20 @@ def pytest_configure(config):
         auto_isa()
 
 
+
+
+DURATIONS = Path(__file__).parent / "durations.json"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest tests first, by their times in tests/durations.json (a test not in it counts as
+    short): under pytest -n the last test to start then is a short one, where in file order a
+    four-minute test could start last and leave the other core idle. The order changes what runs when,
+    not what runs. python tests/helpers/durations.py JUNIT_XML writes the file anew."""
+    import json
+
+    if not DURATIONS.exists():
+        return
+    seconds = json.loads(DURATIONS.read_text())
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid, 0.0), order[item.nodeid]))

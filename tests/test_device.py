@@ -1,17 +1,16 @@
 """What lsexp asks of the CPU a job runs on: oneDNN's instruction-set cap, and the cores a job of a
 parallel sweep is bound to. Real MindSpore, real oneDNN, real joblib sweeps."""
 
-import os
 import platform
 import subprocess
 import sys
 
 import pytest
 
-from conftest import run_cli
+from conftest import machine_cpus, run_cli
 from helpers.mlflow_store import FAST, job_dirs, runs, store
 
-CORES = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+CORES = machine_cpus()
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
@@ -28,7 +27,7 @@ def test_the_onednn_isa_cap_reaches_onednn_and_a_sweep_cannot_change_it_within_o
 
 
 @pytest.mark.skipif(not CORES, reason="this system cannot bind threads to cores")
-def test_binding_moves_every_running_mindspore_thread():
+def test_binding_moves_every_running_mindspore_thread(whole_machine):
     code = f"""
 import os, numpy as np, mindspore as ms
 from mindspore import nn
@@ -49,7 +48,8 @@ print(any(n.startswith("ActorThread") for n in names), bound)
 
 @pytest.mark.slow  # two 2-job sweeps: ~50 s; CI runs it in the slow step
 @pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores")
-def test_a_joblib_sweep_binds_each_parallel_job_to_its_own_cores_with_the_basic_launchers_histories(tmp_path):
+def test_a_joblib_sweep_binds_each_parallel_job_to_its_own_cores_with_the_basic_launchers_histories(tmp_path,
+                                                                                                 whole_machine):
     # 100 steps: binding before MindSpore has started changed the default run's history at step 66
     sweep = ["-m", "loss_scale=fixed_drop,dynamic", "amp=O2", "train.max_steps=100", *FAST]
     histories = {}
