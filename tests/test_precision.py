@@ -84,9 +84,17 @@ def test_every_recipe_trains_twenty_steps_under_every_loss_scale_option(train_ru
     from lsexp.config import paths
 
     for option in sorted(p.stem for p in (paths.conf_dir() / "loss_scale").glob("*.yaml")):
+        # The locator replays an overflowed step through a second compiled graph, the same for every
+        # option: it runs (and is checked) under `dynamic`, whose 2^24 overflows at once, and is off for
+        # the others, whose compiles were most of this test's time (a transformer's: 16 s, 28 s with it)
+        locate = option == "dynamic"
         summary, rows, _ = train_run(*workload, "amp=O2", f"loss_scale={option}", f"precision={recipe}",
-                                     "train.max_steps=20")
+                                     "train.max_steps=20", f"telemetry.locate={str(locate).lower()}")
         assert summary["steps"] == 20 and np.isfinite(summary["final_loss"]), option
+        if locate:
+            assert summary["overflow_steps"], "dynamic's 2^24 overflows in float16"
+            assert summary["first_nonfinite"]["step"] == summary["overflow_steps"][0]
+            assert rows[summary["overflow_steps"][0] - 1]["first_nonfinite_pass"] in ("forward", "backward")
 
 
 @pytest.mark.slow
@@ -136,6 +144,7 @@ def test_with_no_recipe_the_network_is_unchanged():
     ("precision.amax_history_len=0", "precision.amax_history_len=0: must be >= 1 step"),
     ("precision.amax_compute_algo=mean", "precision.amax_compute_algo=mean: use one of max, most_recent"),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_bad_delayed_keys_are_one_line_exit_2_and_nothing_written(tmp_path, override, message):
     out = run_cli("precision=fp8_delayed", "amp=O2", override, cwd=tmp_path)
     assert out.returncode == 2 and message in out.stderr
@@ -151,6 +160,7 @@ def test_bad_delayed_keys_are_one_line_exit_2_and_nothing_written(tmp_path, over
     (["precision=fp8_current", "amp=O2", "model._target_=my_pkg.NoProducts", "dataset=digits"],
      "the model has no nn.Dense or nn.Conv2d for the recipe to quantise"),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_other_bad_precision_input_is_one_line_exit_2_and_nothing_written(tmp_path, overrides, message):
     (tmp_path / "pkg").mkdir()
     (tmp_path / "pkg" / "my_pkg.py").write_text(
@@ -169,6 +179,7 @@ def test_other_bad_precision_input_is_one_line_exit_2_and_nothing_written(tmp_pa
     assert list(work.iterdir()) == []
 
 
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_each_quantised_tensors_counts_reach_precision_csv_summary_and_mlflow(tmp_path):
     """The counts are the cast's: the first step's layers.1 weight is the model's initial weight (in
     float16 under O2), whose flushed fraction lsexp.formats gives directly."""
