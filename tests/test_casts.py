@@ -215,6 +215,7 @@ def _reference(overrides, level: str) -> Counter:
 
 @pytest.mark.parametrize("model", [m if m in FAST else pytest.param(m, marks=pytest.mark.slow)
                                    for m in MODELS])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_amp_auto_records_the_cast_map_mindspore_makes_of_auto_mixed_precision(train_run, model):
     summary, _, run_dir = train_run(*MODELS[model], "amp=auto", "loss_scale=dynamic", "train.max_steps=1")
     got = recorded(run_dir)
@@ -298,6 +299,7 @@ def test_a_cast_list_of_classes_goes_through_custom_mixed_precision(train_run):
                                         "bfloat16"),
     (["amp.level=O4"], "amp.level=O4: unknown amp level; use one of O0, O1, O2, O3, auto"),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_bad_cast_options_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
     out = run_cli(*args, "train.max_steps=2", cwd=tmp_path)
     assert_refused(out, says, tmp_path)

@@ -203,6 +203,7 @@ def test_cli_config_error_is_one_line_and_writes_nothing(tmp_path, args, keys):
     (["-m", "loss_scale=none,dynamc", "train.seed=1,2"],
      "loss_scale=dynamc: no such option; did you mean loss_scale=dynamic? the options are "),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_a_config_hydra_cannot_compose_is_one_line_and_exit_2_with_nothing_written(tmp_path, args, line):
     out = run_cli(*args, cwd=tmp_path)
     assert out.returncode == 2, out.stderr

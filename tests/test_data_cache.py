@@ -61,6 +61,7 @@ def _load(*overrides):
 @pytest.mark.parametrize("data_args", [pytest.param("mnist_resized", marks=pytest.mark.slow), "mnist_28",
                                        pytest.param("cifar10", marks=pytest.mark.slow), "image_folder"],
                          indirect=True)
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_memory_and_stream_train_and_evaluate_the_same(train_run, data_args):
     # Overflows injected under a dynamic scale: the scale's back-offs and the skips are in the history too.
     common = [*data_args, "loss_scale=dynamic", "inject.overflow_steps=[2,5]", "train.max_steps=6"]

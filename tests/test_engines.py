@@ -12,6 +12,7 @@ STRATEGIES = ["none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_hysteres
 
 @pytest.mark.parametrize("loss_scale", [s if s in ("fixed_drop", "dynamic")
                                         else pytest.param(s, marks=pytest.mark.slow) for s in STRATEGIES])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_functional_engine_gives_the_cell_engines_history(train_run, loss_scale):
     # O2 with dynamic's 2^24 start overflows float16 for real, besides the injected step.
     common = [f"loss_scale={loss_scale}", "amp=O2", "train.max_steps=10", "inject.overflow_steps=[6]"]

@@ -23,6 +23,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("strategy,engine", list(_cases()))
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_every_strategy_trains_the_gpt_at_o2_for_20_steps(train_run, strategy, engine):
     summary, rows, _ = train_run(*SMALL, "amp=O2", f"loss_scale={strategy}", f"engine={engine}",
                                  "train.max_steps=20")

@@ -55,6 +55,7 @@ def test_float16_loses_the_gradients_a_large_batch_makes_small(train_run):
     pytest.param(["workload=transformer_text", "train.mean_over_tokens=1024"],
                  "train.mean_over_tokens=1024: below the 2048 tokens", marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_bad_token_counts_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
     out = run_cli(*args, "train.max_steps=3", cwd=tmp_path)
     assert out.returncode == 2, out.stderr

@@ -148,6 +148,7 @@ def test_a_failing_probe_warns_once_runs_uncapped_and_caches_nothing(cache):
 
 
 @X86
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_a_real_calibration_times_real_onednn_within_its_budget(cache):
     started = time.perf_counter()
     entry = onednn.cached_or_calibrated(announce=str)

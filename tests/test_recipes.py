@@ -32,6 +32,7 @@ def relative_gap(a: dict, b: dict) -> float:
     ("momentum", "cell"), pytest.param("momentum", "functional", marks=pytest.mark.slow),
     pytest.param("adamw", "cell", marks=pytest.mark.slow),
     pytest.param("adamw", "functional", marks=pytest.mark.slow)])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_clipping_sees_the_unscaled_gradients_under_every_strategy(train_run, optimizer, engine):
     # 0.15, not the 0.5: the default model's unscaled global norms run 0.09-0.27 here, so 0.5
     # would clip no step and the test could only catch clipping of the scaled gradients
@@ -57,6 +58,7 @@ def warmup_linear_lr(step: int, lr=0.01, warmup=10, total=20, end=0.0) -> float:
 
 
 @pytest.mark.parametrize("engine", ["cell", pytest.param("functional", marks=pytest.mark.slow)])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_a_skipped_update_holds_the_schedule_or_it_advances(train_run, engine):
     # from 2^10, not dynamic's 2^24, whose float16 overflows in the first steps would skip updates too
     common = ("amp=O2", "loss_scale=dynamic", "loss_scale.init_loss_scale=1024", "train.max_steps=20",
@@ -86,6 +88,7 @@ def trained(summary, rows):
 
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("option", ("none", "fixed_drop"))
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_four_micro_batches_of_8_are_one_batch_of_32(train_run, option, engine):
     common = ("amp=O0", f"loss_scale={option}", f"engine={engine}", "train.max_steps=10",
               "train.checkpoint=true")
@@ -123,6 +126,7 @@ def test_accumulation_counts_optimizer_steps():
     ("lamb", "fixed_nodrop", "cell"),
     ("lamb", "dynamic", "functional"),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_every_optimizer_and_every_strategy_trains(train_run, optimizer, option, engine):
     summary, rows, _ = train_run(f"optimizer={optimizer}", f"loss_scale={option}", f"engine={engine}",
                                  "amp=O2", "train.max_steps=20", "lr_schedule=warmup_cosine")

@@ -138,6 +138,7 @@ def _check(runs):
 
 
 @pytest.mark.parametrize("engine", ["cell", pytest.param("functional", marks=pytest.mark.slow)])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_an_injected_overflow_under_saturation_is_flagged_at_its_step_and_passes_a_values_only_check(
         tmp_path, engine):
     _check(_runs(tmp_path, engine))
@@ -184,6 +185,7 @@ def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_p
 
 
 @pytest.mark.parametrize("dtype", [np.float16, "bfloat16", np.float32])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_the_native_kernels_saturate_and_flag_as_the_rule_and_the_mindspore_ops(dtype):
     """On CPU a tap saturates, and raises the flag, in lsexp's C++ kernels (MindSpore aot operators built
     from lsexp/formats/saturation.cc); elsewhere in MindSpore ops: the same bits and the same flag,

@@ -119,6 +119,7 @@ def test_a_strategy_from_outside_lsexp_is_validated_by_its_own_schema_and_checks
 
 
 @pytest.mark.parametrize("engine", ["cell", "functional"])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_each_strategys_state_names_are_in_its_checkpoint(train_run, engine):
     import mindspore as ms
 

@@ -44,6 +44,7 @@ def examples_on_path(monkeypatch):
 
 
 @pytest.mark.parametrize("model,where,engine", list(_cases()))
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_the_locator_names_exactly_the_injected_layer_and_pass(train_run, examples_on_path, model, where,
                                                                engine):
     overrides, layer = MODELS[model]
@@ -233,6 +234,7 @@ class Flat(nn.Cell):
                  "inject.layer=w with model._target_=flat.Flat: Flat has no sub-cell",
                  marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_bad_tap_options_are_one_line_exit_2_and_nothing_written(tmp_path, args, says):
     (tmp_path / "flat.py").write_text(NO_LAYERS)
     out = run_cli(*args, "train.max_steps=3", cwd=tmp_path, env={"PYTHONPATH": str(tmp_path)})
@@ -276,6 +278,7 @@ def test_a_checkpoint_carries_no_tap_scratch_and_resumes_with_taps_off(tmp_path,
     ("O2", 2.0**24, 1.0),  # the gradients overflow: inf and NaN counted
     ("O0", 1.0, 1e-4),  # float32 gradients, some below float16's flush limit
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_the_host_kernel_and_the_mindspore_ops_count_the_same_statistics(level, scale, x_scale):
     """CPU steps count a tap's statistics in one pyfunc kernel; GPU and Ascend steps in MindSpore ops. On
     the same network, weights, batch and scale, in graph mode, both give the same table, bit for bit."""

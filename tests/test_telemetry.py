@@ -32,6 +32,7 @@ def _reference(layers, step):
     pytest.param(["amp=O3", "loss_scale=fixed_nodrop", "model=resnet", "model.depth=8", "dataset=digits"],
                  marks=pytest.mark.slow),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_in_step_fractions_equal_numpy_on_the_same_gradients(train_run, overrides):
     summary, rows, run_dir = train_run(*overrides, "telemetry=grads", "telemetry.histogram_steps=[1,6]",
                                        "train.max_steps=8")
@@ -83,6 +84,7 @@ def test_the_probe_leaves_training_as_it_was(train_run, model):
     np.testing.assert_equal([list(r.values()) for r in probed], [list(r.values()) for r in plain])
 
 
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
     from mlflow.tracking import MlflowClient
 

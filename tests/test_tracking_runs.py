@@ -14,6 +14,7 @@ from helpers.mlflow_store import FAST, runs, store
 from lsexp.training.history import read_history
 
 
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_single_run_logs_params_metrics_tags_and_artifacts(tmp_path):
     uri = store(tmp_path)
     out = run_cli("amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=3", "train.max_steps=12",

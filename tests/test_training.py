@@ -102,6 +102,7 @@ def test_no_loss_scaling_records_and_applies_overflows_at_scale_one(train_run):
     assert rows[3]["overflow"] == 1 and summary["diverged_at_step"] == 4  # applied, not skipped
 
 
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_resumed_run_continues_the_scale_history_exactly(train_run):
     common = ["amp=O2", "loss_scale=dynamic", "loss_scale.scale_window=3"]
     _, straight, _ = train_run(*common, "train.max_steps=24")
@@ -121,6 +122,7 @@ def test_digits_reports_validation_accuracy(train_run):
 
 @pytest.mark.parametrize("amp", ["O0", "O1", "O2", "O3"])
 @pytest.mark.parametrize("loss_scale", ["none", "fixed_drop", "fixed_nodrop", "dynamic"])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_every_strategy_and_amp_level_trains_in_graph_mode(train_run, loss_scale, amp):
     summary, rows, _ = train_run(f"loss_scale={loss_scale}", f"amp={amp}", "train.max_steps=4")
     assert len(rows) == summary["steps"] >= 1
@@ -128,6 +130,7 @@ def test_every_strategy_and_amp_level_trains_in_graph_mode(train_run, loss_scale
 
 
 @pytest.mark.parametrize("loss_scale", ["fixed_drop", "fixed_nodrop", "dynamic"])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_every_strategy_trains_in_pynative_mode(train_run, loss_scale):
     summary, rows, _ = train_run(f"loss_scale={loss_scale}", "amp=O2", "train.mode=pynative",
                                  "train.max_steps=6", "inject.overflow_steps=[2]")

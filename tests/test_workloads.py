@@ -217,6 +217,7 @@ def _assert_one_line_and_nothing_written(out, cwd: Path, *keys: str) -> str:
     (["model=transformer"], ["model._target_=lsexp.models.transformer_encoder.Transformer", "dataset.task"]),
     (["hydra.run.dir=conftest.py/run"], ["hydra.run.dir=conftest.py/run", "cannot create it"]),
 ])
+@pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_workload_errors_are_one_line_and_write_nothing(tmp_path, args, keys):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
