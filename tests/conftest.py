@@ -137,22 +137,3 @@ def pytest_configure(config):
         from lsexp.runtime.onednn import auto_isa
 
         auto_isa()
-
-
-
-
-DURATIONS = Path(__file__).parent / "durations.json"
-
-
-def pytest_collection_modifyitems(session, config, items):
-    """The longest tests first, by their times in tests/durations.json (a test not in it counts as
-    short): under pytest -n the last test to start then is a short one, where in file order a
-    four-minute test could start last and leave the other core idle. The order changes what runs when,
-    not what runs. python tests/helpers/durations.py JUNIT_XML writes the file anew."""
-    import json
-
-    if not DURATIONS.exists():
-        return
-    seconds = json.loads(DURATIONS.read_text())
-    order = {item.nodeid: i for i, item in enumerate(items)}
-    items.sort(key=lambda item: (-seconds.get(item.nodeid, 0.0), order[item.nodeid]))
