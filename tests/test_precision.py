@@ -86,7 +86,7 @@ def test_every_recipe_trains_twenty_steps_under_every_loss_scale_option(train_ru
     for option in sorted(p.stem for p in (paths.conf_dir() / "loss_scale").glob("*.yaml")):
         # The locator replays an overflowed step through a second compiled graph, the same for every
         # option: it runs (and is checked) under `dynamic`, whose 2^24 overflows at once, and is off for
-        # the others, whose compiles were most of this test's time (a transformer's: 16 s, 28 s with it)
+        # the others, whose compiles were most of this test's time (docs/testing.md)
         locate = option == "dynamic"
         summary, rows, _ = train_run(*workload, "amp=O2", f"loss_scale={option}", f"precision={recipe}",
                                      "train.max_steps=20", f"telemetry.locate={str(locate).lower()}")
