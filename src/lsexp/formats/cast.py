@@ -110,16 +110,16 @@ class E8M0Cast(nn.Cell):
     """x as E8M0 (OCP MX v1.0's scale, ml_dtypes' float8_e8m0fnu): the nearest power of two in
     2^-127 ... 2^127, a tie (1.5 * 2^k) to the larger; NaN for x not positive, infinite or NaN, and
     for a value that rounds above 2^127 (the format has no zero, sign or infinity). A float32
-    subnormal x (below 2^-126) is 2^-127, where ml_dtypes makes those from 1.5 * 2^-127 up 2^-126: the
-    CPU kernels cannot tell them apart."""
+    subnormal x (below 2^-126) is read as zero, so NaN, where ml_dtypes gives 2^-127 or 2^-126: some
+    of MindSpore's CPU threads read it as zero and others do not, and which one runs the comparison
+    depends on what ran before it in the process, so the cast reads it as zero on every one."""
 
     def construct(self, x):
         x = ops.cast(x, mstype.float32)
         a = _clamp(x, 2.0**-126, _FLOAT32_MAX)
         u = ufp_wide(a)
         y = ops.where(a >= u * 1.5, u * 2.0, u)
-        y = ops.where(x < 2.0**-126, 2.0**-127, y)
-        bad = (x <= 0) | (y > 2.0**127) | ops.isinf(x) | ops.isnan(x)
+        bad = (x < 2.0**-126) | (y > 2.0**127) | ops.isinf(x) | ops.isnan(x)
         return ops.where(bad, float("nan"), y)
 
 
