@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_cfg, run_cli
+from helpers.scalers import configure
 
 OPTIONS = ("none", "fixed_drop", "fixed_nodrop", "dynamic", "dynamic_hysteresis", "dynamic_seed_blog")
 OPTIMIZERS = ("momentum", "sgd", "adam", "adamw", "lamb")
@@ -152,14 +153,13 @@ def test_optimizers_without_loss_scale_have_no_such_key():
 def test_lamb_on_cpu_equals_mindspores_gpu_kernel_step_for_step():
     # nn.Lamb's fused primitive has no CPU kernel; CpuLamb writes it out, checked here against a
     # transcription of the GPU kernel (tests/helpers/lamb_gpu_kernel.py), with weight decay and its filter
-    import mindspore as ms
     from mindspore import Tensor, nn
 
     from helpers.lamb_gpu_kernel import lamb_step
     from lsexp.optimizers import param_groups
     from lsexp.optimizers.lamb import CpuLamb
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure()
     net = nn.SequentialCell(nn.Dense(6, 5), nn.LayerNorm((5,)), nn.Dense(5, 3))
     params = net.trainable_params()
     # weights that large put the first layer's trust ratio above the kernel's clamp at 10

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import run_cli
 from helpers.refusal import assert_refused
+from helpers.scalers import configure
 
 # Ascend's rule (docs/saturation.md): a result beyond the type's range is its largest finite value with
 # the result's sign, a NaN result is 0, every other value is itself.
@@ -39,7 +40,7 @@ def test_saturation_acts_on_each_tensor_as_the_rule_says_going_forward_and_back(
 
     from lsexp.formats.saturation import saturate, saturated
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure()
 
     class Saturated(nn.Cell):  # forward through the rule; its bprop, as a tap's, through it again
         def construct(self, x):
@@ -196,7 +197,7 @@ def test_the_native_kernels_saturate_and_flag_as_the_rule_and_the_mindspore_ops(
 
     from lsexp.taps.saturation import Saturation
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure()
     if dtype == "bfloat16":  # bfloat16's largest value and its own specials
         a = _specials(np.float32).astype(ml_dtypes.bfloat16)
         # without its subnormals: the CPU's bfloat16 multiply in the backward below flushes them to 0
@@ -266,7 +267,7 @@ def test_the_gradient_kernels_saturate_a_float32_gradient_at_the_amp_dtypes_larg
     from lsexp.formats import saturation
     from lsexp.runtime.native import library
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure()
     top = getattr(saturation, largest)
     path, why = library(saturation.KERNELS)
     assert path is not None, why
@@ -314,7 +315,7 @@ def test_a_saturating_tap_reports_its_status_through_its_probe(chained):
     from lsexp.taps.cells import Chain, install
     from lsexp.taps.saturation import Saturation
 
-    ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+    configure()
 
     class Net(nn.Cell):
         def __init__(self):
