@@ -47,8 +47,9 @@ def stop_group(proc: subprocess.Popen, timeout: float = 30) -> None:
 
 def made_once(tmp_path_factory, name: str, make) -> Path:
     """The folder make(folder) fills, once per test session: under pytest -n the first worker to ask
-    makes it under a lock while the others wait, then all read it. (xdist_group alone did not keep a
-    module's tests on one worker: the golden sweep was set up on both.)"""
+    makes it under a lock while the others wait, then all read it. (xdist_group does not keep a module's
+    tests on one worker under pytest 9.2, whose node ids pytest-xdist 3.8 can no longer tag with the
+    group: pytest-xdist #1386.)"""
     import fcntl
 
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
@@ -137,3 +138,20 @@ def pytest_configure(config):
         from lsexp.runtime.onednn import auto_isa
 
         auto_isa()
+
+
+DURATIONS = Path(__file__).parent / "durations.json"
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The longest tests first, by their times in tests/durations.json (a test not in it counts as
+    short): under pytest -n the last test to start then is a short one, where in file order a
+    four-minute test could start last and leave the other core idle. The order changes what runs when,
+    not what runs. python tests/helpers/durations.py JUNIT_XML... writes the file anew."""
+    import json
+
+    if not DURATIONS.exists():
+        return
+    seconds = json.loads(DURATIONS.read_text())
+    order = {item.nodeid: i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-seconds.get(item.nodeid, 0.0), order[item.nodeid]))
