@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli, stop_group
+from conftest import made_once, run_cli, stop_group
 from helpers import slurm_cluster
 from helpers.interrupted_sweep import check_interrupted, histories, interrupt, resume, sweep_args
 from helpers.mlflow_store import FAST, job_dirs, runs, store
@@ -86,10 +86,13 @@ LAUNCHERS = [pytest.param(n, marks=_marks(n), id=n) for n in ("ray", "submitit_l
 
 @pytest.fixture(scope="module")
 def basic_sweep(tmp_path_factory):
-    """The same sweep under Hydra's basic launcher: what every other launcher must reproduce."""
-    root = tmp_path_factory.mktemp("basic")
-    out = run_cli(*SWEEP, f"tracking.uri={store(root)}", *FAST, cwd=root)
-    assert out.returncode == 0, out.stderr
+    """The same sweep under Hydra's basic launcher: what every other launcher must reproduce (made once
+    for both pytest -n workers)."""
+    def make(root):
+        out = run_cli(*SWEEP, f"tracking.uri={store(root)}", *FAST, cwd=root)
+        assert out.returncode == 0, out.stderr
+
+    root = made_once(tmp_path_factory, "launchers_basic", make)
     return {job.name: read_history(job / "history.csv") for job in job_dirs(root)}
 
 
@@ -189,10 +192,13 @@ def test_a_resumed_sweep_reruns_only_the_failed_job_under_this_launcher(launcher
 @pytest.fixture(scope="module")
 def basic_six(tmp_path_factory):
     """Issue 21's 6-job sweep under the basic launcher, with the one MindSpore thread a job gets from
-    Ray's or Slurm's CPU per job: what a stopped and resumed sweep under either must end as."""
-    root = tmp_path_factory.mktemp("basic_six")
-    out = run_cli(*sweep_args(root, "device.threads_num=1"), cwd=root, timeout=1200)
-    assert out.returncode == 0, out.stderr[-5000:]
+    Ray's or Slurm's CPU per job: what a stopped and resumed sweep under either must end as (made once
+    for both pytest -n workers)."""
+    def make(root):
+        out = run_cli(*sweep_args(root, "device.threads_num=1"), cwd=root, timeout=1200)
+        assert out.returncode == 0, out.stderr[-5000:]
+
+    root = made_once(tmp_path_factory, "launchers_basic_six", make)
     return {job.replace("device.threads_num=1,", ""): rows for job, rows in histories(root).items()}
 
 

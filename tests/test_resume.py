@@ -5,19 +5,22 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import made_once, run_cli
 from helpers.interrupted_sweep import check_interrupted, histories, interrupt, resume, sweep_args
 from helpers.mlflow_store import FAST, runs, store
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    """The same sweep, never interrupted, for the jobs from the third on (the first two never stop)."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    args = [a.replace("fixed_drop,", "") for a in sweep_args(root)]  # dynamic,dynamic_hysteresis x 2 seeds
-    out = run_cli(*args, cwd=root, timeout=1200)
-    assert out.returncode == 0, out.stderr
-    return root
+    """The same sweep, never interrupted, for the jobs from the third on (the first two never stop);
+    made once for both pytest -n workers."""
+    def make(root):
+        # dynamic,dynamic_hysteresis x 2 seeds
+        args = [a.replace("fixed_drop,", "") for a in sweep_args(root)]
+        out = run_cli(*args, cwd=root, timeout=1200)
+        assert out.returncode == 0, out.stderr
+
+    return made_once(tmp_path_factory, "resume_uninterrupted", make)
 
 
 @pytest.mark.slow  # since 2026-12-06: the default suite took 760 s on a 2-core AMD EPYC (docs/testing.md)
