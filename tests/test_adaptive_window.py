@@ -21,7 +21,7 @@ SETTINGS = [
     (dict(DEFAULTS, loss_scale_value=1.0, max_scale_window=10, min_scale_window=2, scale_window=2), 0.01),
 ]
 SEEDS = (0, 1, 2)
-# one setting per engine in the default suite (about 8 s each); the rest in CI's slow step
+# one setting per engine in the default suite (about 8 s each); the rest in CI's slow session
 PARITY = [SETTINGS[0]] + [pytest.param(*setting, marks=pytest.mark.slow) for setting in SETTINGS[1:]]
 
 
@@ -128,7 +128,7 @@ def test_a_training_runs_scale_column_equals_mindformers(train_run, engine):
     assert summary["skipped_steps"] == len(steps)
 
 
-# both engines in CI's slow step: the default suite stays under 10 minutes
+# both engines in CI's slow session: the default suite stays under 10 minutes
 @pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow),
                                     pytest.param("functional", marks=pytest.mark.slow)])
 def test_a_resumed_run_has_the_straight_runs_history(train_run, engine):

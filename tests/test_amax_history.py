@@ -46,7 +46,7 @@ def _overrides(setting):
     return ["loss_scale=amax_history"] + [f"loss_scale.{k}={v}" for k, v in setting.items()]
 
 
-# most_recent under both engines in CI's slow step (about 15 s each), to keep the default suite short
+# most_recent under both engines in CI's slow session (about 15 s each), to keep the default suite short
 @pytest.mark.parametrize("engine", ["cell", "functional"])
 @pytest.mark.parametrize("name", ["max", pytest.param("most_recent", marks=pytest.mark.slow)])
 def test_the_scale_is_predicted_from_the_amax_history_step_for_step(train_run, engine, name):
@@ -95,7 +95,7 @@ def test_the_power_of_two_is_the_float32_exponent_near_powers_of_two():
         assert float(scale.asnumpy()) == np.ldexp(1.0, np.frexp(ratio)[1] - 1), (amax, ratio)
 
 
-# both engines in CI's slow step: the default suite stays under 10 minutes
+# both engines in CI's slow session: the default suite stays under 10 minutes
 @pytest.mark.parametrize("engine", [pytest.param("cell", marks=pytest.mark.slow),
                                     pytest.param("functional", marks=pytest.mark.slow)])
 def test_a_resumed_run_has_the_straight_runs_history(train_run, engine):

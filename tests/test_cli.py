@@ -32,7 +32,7 @@ def test_console_script_runs(tmp_path):
     assert out.returncode == 0, out.stderr
 
 
-@pytest.mark.slow  # builds and installs a wheel: ~30 s; CI runs it in the slow step
+@pytest.mark.slow  # builds and installs a wheel: ~30 s; CI runs it in the slow session
 def test_built_wheel_carries_the_configs(tmp_path):
     root = __import__("pathlib").Path(__file__).resolve().parents[1]
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),

@@ -46,7 +46,7 @@ print(any(n.startswith("ActorThread") for n in names), bound)
     assert out.stdout.strip().splitlines()[-1] == f"True {{({CORES[-1]},)}}"
 
 
-@pytest.mark.slow  # two 2-job sweeps: ~50 s; CI runs it in the slow step
+@pytest.mark.slow  # two 2-job sweeps: ~50 s; CI runs it in the slow session
 @pytest.mark.skipif(len(CORES) < 2, reason="needs 2 cores")
 def test_a_joblib_sweep_binds_each_parallel_job_to_its_own_cores_with_the_basic_launchers_histories(tmp_path,
                                                                                                  whole_machine):

@@ -22,7 +22,7 @@ SETTINGS = [  # (settings, overflow probability): the floor, the cap and both hy
 
 
 def _parity(settings):
-    """The first setting per engine in the default suite (about 6 s each); the rest in CI's slow step."""
+    """The first setting per engine in the default suite (about 6 s each); the rest in CI's slow session."""
     return [settings[0]] + [pytest.param(*setting, marks=pytest.mark.slow) for setting in settings[1:]]
 
 

@@ -171,7 +171,7 @@ def _command_lines():
             pass
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 @X86
 def test_the_cli_records_the_cached_decision_and_does_not_calibrate_again(tmp_path, monkeypatch):
     # an in-process run of this suite may have exported its cap, which a user's export would be

@@ -63,7 +63,7 @@ def test_a_quantised_dense_computes_with_the_formats_values_forward_and_back(rec
     configure()
 
 
-# one in the default suite; the rest, and every loss_scale option on two workloads, in the slow step
+# one in the default suite; the rest, and every loss_scale option on two workloads, in the slow session
 @pytest.mark.parametrize("recipe, loss_scale", [
     pytest.param("fp8_delayed", "dynamic", marks=pytest.mark.slow),
     pytest.param("fp8_current", "fixed_nodrop", marks=pytest.mark.slow),

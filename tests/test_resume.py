@@ -26,7 +26,7 @@ def uninterrupted(tmp_path_factory):
 @pytest.mark.slow  # since 2026-12-06: the default suite took 760 s on a 2-core AMD EPYC (docs/testing.md)
 @pytest.mark.parametrize("how", ["SIGINT", "SIGKILL"])
 def test_a_sweep_stopped_in_its_fourth_job_resumes_to_the_uninterrupted_sweep(tmp_path, uninterrupted, how):
-    """SIGINT: Ctrl-C; SIGKILL (slow: in CI's slow step): a lost machine, which leaves runs RUNNING."""
+    """SIGINT: Ctrl-C; SIGKILL (slow: in CI's slow session): a lost machine, which leaves runs RUNNING."""
     args = sweep_args(tmp_path)
     output = interrupt(tmp_path, args, how)
     finished = check_interrupted(store(tmp_path), how, output)
@@ -46,7 +46,7 @@ def test_a_sweep_stopped_in_its_fourth_job_resumes_to_the_uninterrupted_sweep(tm
     assert len(Path(table).read_text().strip().splitlines()) == 1 + 3  # a row per group, seeds within
 
 
-@pytest.mark.slow  # a 2-job sweep: in CI's slow step
+@pytest.mark.slow  # a 2-job sweep: in CI's slow session
 def test_a_changed_override_is_refused_in_one_line_and_the_store_is_unchanged(tmp_path):
     uri = store(tmp_path)
     args = ["-m", "loss_scale=fixed_drop,dynamic", "train.max_steps=4", *FAST, f"tracking.uri={uri}",

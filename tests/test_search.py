@@ -6,7 +6,7 @@ import yaml
 from conftest import run_cli
 
 
-@pytest.mark.slow  # an Optuna sweep of 4 trials: ~60 s; CI runs it in the slow step
+@pytest.mark.slow  # an Optuna sweep of 4 trials: ~60 s; CI runs it in the slow session
 def test_tune_dynamic_runs_its_trials_and_tags_the_best(tmp_path):
     from mlflow.tracking import MlflowClient
 

@@ -39,7 +39,7 @@ def _table(path):
         return list(csv.DictReader(f))
 
 
-@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow session, the default suite stays under 10 minutes
 def test_children_carry_their_group_and_seed(seeded_sweep):
     _, uri = seeded_sweep
     _, _, found = runs(uri)
@@ -48,7 +48,7 @@ def test_children_carry_their_group_and_seed(seeded_sweep):
         (group, seed) for group in ("loss_scale=dynamic", "loss_scale=fixed_drop") for seed in SEEDS]
 
 
-@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow session, the default suite stays under 10 minutes
 def test_the_comparison_has_a_row_per_group_with_mean_spread_and_interval(seeded_sweep):
     _, uri = seeded_sweep
     client, _, found = runs(uri)
@@ -78,7 +78,7 @@ def test_the_comparison_has_a_row_per_group_with_mean_spread_and_interval(seeded
     assert " ± " in md and "| group | n | seeds |" in md
 
 
-@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow session, the default suite stays under 10 minutes
 def test_the_paired_comparison_differs_seed_by_seed_from_the_baseline(seeded_sweep):
     _, uri = seeded_sweep
     client, _, found = runs(uri)
@@ -95,7 +95,7 @@ def test_the_paired_comparison_differs_seed_by_seed_from_the_baseline(seeded_swe
     assert float(row["final_loss_ci95_high"]) == pytest.approx(statistics.fmean(diffs) + half, abs=1e-4)
 
 
-@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow step, the default suite stays under 10 minutes
+@pytest.mark.slow  # a 6-job sweep (~50 s): in CI's slow session, the default suite stays under 10 minutes
 def test_report_redraws_the_groups_and_pairs_with_another_baseline(seeded_sweep, tmp_path):
     _, uri = seeded_sweep
     _, _, found = runs(uri)

@@ -82,7 +82,7 @@ def _write_strategy(root):
     return ["loss_scale=halving", f"hydra.searchpath=[file://{root / 'conf'}]"]
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_a_strategy_from_outside_lsexp_trains_under_both_engines(tmp_path):
     args = _write_strategy(tmp_path / "mine")
     out = run_cli("-m", *args, "engine=cell,functional", "amp=O2", "train.max_steps=8",

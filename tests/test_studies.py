@@ -54,7 +54,7 @@ def test_scale_sweep_shows_both_ends_of_the_window(tmp_path):
     assert float(rows[0.0]["step1_zero_fraction"]) > float(rows[12.0]["step1_zero_fraction"]) + 0.5
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_dynamic_window_counts_the_back_off_and_the_recovery_after_a_burst(tmp_path):
     client, parent, children = _sweep(tmp_path, "experiment=dynamic_window", "loss_scale=dynamic",
                                       "loss_scale.scale_window=5",

@@ -15,7 +15,7 @@ from helpers.processes import lsexp_processes_in, parent_pid
 from lsexp.training.history import read_history
 
 
-# Ctrl-C in a terminal is in the default suite (below); these in CI's slow step
+# Ctrl-C in a terminal is in the default suite (below); these in CI's slow session
 @pytest.mark.parametrize("how", [pytest.param("SIGINT", marks=pytest.mark.slow),
                                  pytest.param("SIGTERM", marks=pytest.mark.slow),
                                  # same path, more signals
@@ -121,7 +121,7 @@ def _start_and_train_a_while(tmp_path: Path, uri: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_a_job_killed_outright_still_ends_its_run(tmp_path):
     uri = store(tmp_path, create=True)
     proc = _start_and_train_a_while(tmp_path, uri)
@@ -133,7 +133,7 @@ def test_a_job_killed_outright_still_ends_its_run(tmp_path):
     assert len(client.get_metric_history(run.info.run_id, "loss")) >= 32
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_the_command_killed_outright_stops_the_job_with_its_history(tmp_path):
     # the job runs in a child of the command's process; the kernel sends it SIGTERM when that dies
     uri = store(tmp_path, create=True)

@@ -51,7 +51,7 @@ def test_single_run_logs_params_metrics_tags_and_artifacts(tmp_path):
     assert not (tmp_path / "mlflow.db").exists()
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_default_store_is_mlflow_db_in_the_start_directory(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
     out = subprocess.run([sys.executable, "-m", "lsexp", "train.max_steps=2", *FAST], cwd=tmp_path,
@@ -61,7 +61,7 @@ def test_default_store_is_mlflow_db_in_the_start_directory(tmp_path):
     assert [r.info.status for r in found] == ["FINISHED"]
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_diverged_run_is_tagged_and_has_the_step(tmp_path):
     uri = store(tmp_path)
     out = run_cli("loss_scale=fixed_nodrop", "train.max_steps=6", "inject.overflow_steps=[4]",
@@ -106,7 +106,7 @@ def mlflow_server(tmp_path):
         stop_group(proc)
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_http_tracking_server(tmp_path, mlflow_server):
     out = run_cli("amp=O2", "loss_scale=dynamic", "train.max_steps=5", f"tracking.uri={mlflow_server}", *FAST,
                   cwd=tmp_path)
@@ -126,7 +126,7 @@ def test_unreachable_server_is_one_line_before_training(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_a_store_that_cannot_be_written_is_one_line_and_keeps_the_records(tmp_path):
     blocked = tmp_path / "not-a-dir"
     blocked.write_text("a file where the store's folder should be")

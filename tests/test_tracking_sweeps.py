@@ -25,7 +25,7 @@ def basic_sweep(tmp_path_factory):
     return root, store(root)
 
 
-@pytest.mark.slow  # its shared sweep is ~60 s; in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # its shared sweep is ~60 s; in CI's slow session: the default suite stays under 10 minutes
 def test_sweep_has_one_parent_and_three_finished_children(basic_sweep):
     root, uri = basic_sweep
     client, _, found = runs(uri)
@@ -72,7 +72,7 @@ def _overrides(job: Path):
     return yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_report_redraws_a_sweep_from_the_store_alone(basic_sweep, tmp_path):
     root, uri = basic_sweep
     client, _, found = runs(uri)
@@ -138,7 +138,7 @@ def test_seed_blog_experiment_logs_as_a_sweep(tmp_path):
     assert {c.info.status for c in children} == {"FINISHED"} and len(children) == 3
 
 
-@pytest.mark.slow  # in CI's slow step: the default suite stays under 10 minutes
+@pytest.mark.slow  # in CI's slow session: the default suite stays under 10 minutes
 def test_failing_job_is_failed_and_the_next_job_starts_clean(tmp_path):
     uri = store(tmp_path)
     # A 3-class head on 10-class labels passes validation but fails inside MindSpore.

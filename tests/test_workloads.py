@@ -45,7 +45,7 @@ def _short_run(train_run, *overrides):
     return summary, rows
 
 
-# BatchNorm in float32 (O2) or float16 (O3, in CI's slow step)
+# BatchNorm in float32 (O2) or float16 (O3, in CI's slow session)
 @pytest.mark.slow
 @pytest.mark.parametrize("amp", ["O2", "O3"])
 def test_resnet_trains_with_batchnorm_in_both_precisions(train_run, amp):
@@ -81,7 +81,7 @@ def test_transformer_trains_in_float16(train_run, text_file, amp, strategy):
 
 
 # --- what the workloads learn -------------------------------------------------------------------
-@pytest.mark.slow  # trains to accuracy: ~25 s; CI runs it in the slow step
+@pytest.mark.slow  # trains to accuracy: ~25 s; CI runs it in the slow session
 def test_transformer_solves_the_sequence_task_on_held_out_sequences(train_run):
     summary, _, _ = train_run("model=transformer", "dataset=sequence", "train.epochs=2")
     assert summary["eval_accuracy"] >= 0.9, summary
