@@ -1,8 +1,9 @@
-"""tests/durations.json, the order pytest runs the tests in (tests/conftest.py), from a run's JUnit XML:
+"""tests/durations.json, the order pytest runs the tests in (tests/conftest.py), from JUnit XML files of
+the runs CI makes (docs/testing.md, "CI"):
 
-    python -m pytest -n 2 -m "not msrun and not postgres and not ray and not slurm and not browser" \\
-        --junitxml=/tmp/run.xml
-    python tests/helpers/durations.py /tmp/run.xml [/tmp/cluster.xml ...]
+    python -m pytest -n 2 --junitxml=/tmp/quick.xml
+    python -m pytest -n 2 -m "slow or msrun or postgres or ray or slurm or browser" --junitxml=/tmp/rest.xml
+    python tests/helpers/durations.py /tmp/quick.xml /tmp/rest.xml
 
 Each test's seconds (setup, call and teardown), rounded to a tenth, sorted by node id so that a new run
 changes only the lines of tests whose time moved."""
@@ -17,7 +18,7 @@ OUT = Path(__file__).parent.parent / "durations.json"
 
 def main(*junits: str) -> None:
     seconds = {}
-    for junit in junits:  # several runs' files (the cluster steps run apart), a later one's times first
+    for junit in junits:  # a test in several files takes the later file's time
         for case in ET.parse(junit).iter("testcase"):
             module = case.get("classname").replace(".", "/") + ".py"
             seconds[f"{module}::{case.get('name')}"] = round(float(case.get("time")), 1)
