@@ -22,6 +22,7 @@ from lsexp.preflight import validate
 from lsexp.runtime import onednn
 from lsexp.scaleout.msrun import _rank_pids
 from lsexp.training.history import read_history
+from test_golden import GOLDEN, feature_differences
 
 DP = ["parallel=data", "parallel.workers=2", "train.progress=false"]
 
@@ -112,6 +113,8 @@ def test_an_overflow_injected_on_one_rank_is_skipped_by_both_and_the_ranks_stay_
             and run.data.params["device.onednn_max_cpu_isa"] == str(decided))
     assert [m.value for m in sorted(client.get_metric_history(run.info.run_id, "overflow"),
                                     key=lambda m: m.step)] == [0, 0, 1, 0, 0, 0, 0, 0]
+    # and as recorded at 76da263, before issue 39's renovation (tests/test_golden.py)
+    assert feature_differences(GOLDEN / "features" / "parallel_data", run_dir) == []
 
 
 @pytest.mark.msrun
