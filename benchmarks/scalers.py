@@ -48,6 +48,7 @@ def _steps(tmp: Path, stack: contextlib.ExitStack, order, common, strategy=None)
     from lsexp.runtime import device
     from lsexp.runtime.decided import decide
     from lsexp.training.build import build, load_data
+    from lsexp.training.job import Job
 
     register_configs()
     cells, target, batches = {}, None, None
@@ -65,7 +66,9 @@ def _steps(tmp: Path, stack: contextlib.ExitStack, order, common, strategy=None)
             batches = list(data.batches(cfg.dataset, 0, 0))
         out = tmp / name
         out.mkdir()
-        _, cell, _ = build(cfg, checked.strategy, decided, target, out, last_step=10**6)
+        job = Job(cfg=cfg, plan=checked.plan, strategy=checked.strategy, decided=decided, out_dir=out,
+                  target=target)
+        _, cell, _ = build(job, last_step=10**6)
         for x, y in batches[:2]:  # compile
             cell(x, y).asnumpy()
         cells[name] = cell

@@ -118,11 +118,12 @@ def test_with_no_recipe_the_network_is_unchanged():
     configure()
     from lsexp.precision.recipes import QuantizedProduct, install
     from lsexp.training.build import network, with_precision
+    from lsexp.training.plan import plan_of
 
     cfg = compose_cfg("model=mlp", "dataset=digits", "amp=O2")
     net = network(cfg)
     before = [p.name for p in net.get_parameters()]
-    with_precision(cfg, net)
+    with_precision(cfg, plan_of(cfg), net)
     assert [p.name for p in net.get_parameters()] == before
     assert not any(isinstance(c, QuantizedProduct) for _, c in net.cells_and_names())
     wrapped = install(net, compose_cfg("precision=fp8_delayed").precision)

@@ -88,36 +88,20 @@ def _parallel_jobs() -> int:
 
 
 def _track_and_train(cfg: DictConfig, checked, decided, out_dir: Path) -> dict:
-    from lsexp.runtime import device
     from lsexp.scaleout import msrun
     from lsexp.tracking.run import resumed_job, tracker
+    from lsexp.training import job
     from lsexp.training.history import History
-    from lsexp.training.loop import train
 
     done = resumed_job(cfg, decided, out_dir)
     if done is not None:
         return done
-    strategy = checked.strategy
-    with tracker(cfg, out_dir, strategy.name, decided) as run:
+    with tracker(cfg, out_dir, checked.strategy.name, decided) as run:
         if msrun.data_parallel(cfg):  # the ranks configure the device and train; this job tracks
             return _launch_ranks(cfg, decided, out_dir, run)
-        try:
-            target = device.configure(
-                cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa
-            )
-        except ConfigError as err:
-            print(err, file=sys.stderr)
-            raise SystemExit(2) from None
-        except (RuntimeError, ValueError) as err:
-            print(
-                f"lsexp: config error: device.device_target={cfg.device.device_target}: "
-                f"MindSpore cannot use it ({str(err).splitlines()[0]}); use device=cpu",
-                file=sys.stderr,
-            )
-            raise SystemExit(2) from None
         history = History(on_epoch=run.send_steps)
         try:
-            return train(cfg, strategy, decided, out_dir, history, target, probed=checked.probed)
+            return job.run(cfg, checked, decided, out_dir, history)
         except ConfigError as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
@@ -148,17 +132,13 @@ def _launch_ranks(cfg: DictConfig, decided, out_dir: Path, run) -> dict:
 def train_here(cfg: DictConfig, out_dir: Path, history=None) -> dict:
     """Train a composed config in this process, untracked, outside Hydra's run (a notebook, a test, a
     benchmark): the same checks, decisions and training as `python -m lsexp`, into out_dir."""
-    from lsexp.runtime import device
     from lsexp.runtime.decided import decide
+    from lsexp.training import job
     from lsexp.training.history import History
-    from lsexp.training.loop import train
 
     checked = preflight.check(cfg)
     with decide(cfg, checked.strategy.optimizer_loss_scale, 1) as decided:
-        target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
-        return train(
-            cfg, checked.strategy, decided, out_dir, history or History(), target, probed=checked.probed
-        )
+        return job.run(cfg, checked, decided, out_dir, history or History())
 
 
 def _report(summary: dict, out_dir: Path) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -38,6 +37,8 @@ from lsexp.scaleout import launchers
 from lsexp.strategies import Strategy, finite_positive
 from lsexp.taps import PASSES
 from lsexp.tracking.uri import redact
+from lsexp.training.job import Checked
+from lsexp.training.plan import Plan, plan_of
 
 
 def validate(cfg: DictConfig) -> Strategy:
@@ -157,9 +158,7 @@ def _inject_problems(cfg: DictConfig) -> List[str]:
         if k > 1:
             p.append(f"inject.layer={i.layer} with train.accumulate_steps={k}: injection at a layer counts "
                      f"optimizer steps, not micro-batches; set train.accumulate_steps=1 or drop inject.layer")
-    asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
-                                (f"inject.layer={i.layer}", i.layer is not None),
-                                ("device.overflow_mode=saturation", _saturates(cfg))) if on]
+    asks = plan_of(cfg).asks_of_layers
     if asks and cfg.train.mode != "graph":
         p.append(f"{' and '.join(asks)} with train.mode={cfg.train.mode}: the taps are in the compiled step; "
                  f"set train.mode=graph")
@@ -167,10 +166,6 @@ def _inject_problems(cfg: DictConfig) -> List[str]:
         p.append(f"telemetry.layers=true with train.accumulate_steps={k}: the taps measure one micro-batch; "
                  f"set train.accumulate_steps=1 or use telemetry=grads")
     return p
-
-
-def _saturates(cfg: DictConfig) -> bool:
-    return cfg.device.get("overflow_mode", "infnan") == "saturation"
 
 
 def _overflow_mode_problems(cfg: DictConfig) -> List[str]:
@@ -230,7 +225,7 @@ def _precision_problems(cfg: DictConfig) -> List[str]:
     return p
 
 
-def tap_problems(cfg: DictConfig, net) -> List[str]:
+def tap_problems(cfg: DictConfig, plan: Plan, net) -> List[str]:
     """inject.layer and telemetry.layers against the network's layers (lsexp.taps.layers), and a
     precision recipe against its matrix products."""
     from lsexp.taps.layers import NoLayers, layer_names
@@ -238,25 +233,22 @@ def tap_problems(cfg: DictConfig, net) -> List[str]:
     unknown = casts.name_problems(cfg.amp, net)
     if unknown:
         return [unknown]
-    precision = cfg.get("precision")
-    if precision is not None and precision.recipe != "none":
+    if plan.precision is not None:
         from lsexp.precision.recipes import products
 
         if not products(net):
-            return [f"precision={precision.recipe} with model._target_={cfg.model._target_}: the model has "
+            return [f"precision={plan.precision} with model._target_={cfg.model._target_}: the model has "
                     f"no nn.Dense or nn.Conv2d for the recipe to quantise; use precision=none"]
 
-    asks = [key for key, on in (("telemetry.layers=true", cfg.telemetry.layers),
-                                (f"inject.layer={cfg.inject.layer}", cfg.inject.layer is not None),
-                                ("device.overflow_mode=saturation", _saturates(cfg))) if on]
+    asks = plan.asks_of_layers
     if not asks:
         return []
     try:
         names = layer_names(net)
     except NoLayers as err:
         return [f"{' and '.join(asks)} with model._target_={cfg.model._target_}: {err}"]
-    if cfg.inject.layer is not None and cfg.inject.layer not in names:
-        return [f"inject.layer={cfg.inject.layer}: model._target_={cfg.model._target_} has no such layer; "
+    if plan.inject_layer is not None and plan.inject_layer not in names:
+        return [f"inject.layer={plan.inject_layer}: model._target_={cfg.model._target_} has no such layer; "
                 f"use one of {', '.join(names)} (lsexp layers lists them)"]
     return []
 
@@ -411,14 +403,6 @@ def trace_shapes(cfg, strategy: Strategy):
     return data, net
 
 
-@dataclass
-class Checked:
-    """A config that passed: its strategy, and for a user's own model or data set what the probe built."""
-
-    strategy: Strategy
-    probed: Any = None
-
-
 def check(cfg: DictConfig) -> Checked:
     """validate, then, for a model or data set lsexp has no schema for, one traced batch."""
     strategy = validate(cfg)
@@ -431,16 +415,14 @@ def check(cfg: DictConfig) -> Checked:
     own = (families.of("model", cfg.model._target_) is None
            or families.of("dataset", cfg.dataset._target_) is None)
     probed = trace_shapes(cfg, strategy) if own else None
-    precision = cfg.get("precision")
-    if (cfg.telemetry.layers or cfg.inject.layer is not None or _saturates(cfg)
-            or any(casts.lists_of(cfg.amp))
-            or (precision is not None and precision.recipe != "none")):  # from the network itself
+    plan = plan_of(cfg)
+    if plan.probes_network:  # from the network itself
         from lsexp.training.build import network
 
-        problems = tap_problems(cfg, probed[1] if probed else network(cfg))
+        problems = tap_problems(cfg, plan, probed[1] if probed else network(cfg))
         if problems:
             raise ConfigError(problems)
-    return Checked(strategy, probed)
+    return Checked(strategy, plan, probed)
 
 
 _single_run: Optional[Checked] = None  # what on_run_start checked, for the run that follows it

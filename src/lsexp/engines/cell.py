@@ -21,25 +21,16 @@ from mindspore.amp import all_finite
 # private: the unscaling map TrainOneStepWithLossScaleCell applies, so this cell does exactly what it does
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
-from lsexp.engines.recorder import Recipe, StepRecorder, injection
+from lsexp.engines.recorder import StepOptions, StepRecorder
 
 
 class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
-    def __init__(self, network, optimizer, scale_sense, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, histogram=False, inject_graph=False,
-                 accumulate_steps=1,
-                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
-                 advance=(), saturation=None):
+    def __init__(self, network, optimizer, scale_sense, options: StepOptions = StepOptions(),
+                 measure_amax: bool = False):
         super().__init__(network, optimizer, scale_sense)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
-                            micro_batch)
-        # an overflowed update is not applied
-        self._init_taps(probes, layer_factor, keep_weights=False, saturation=saturation)
-        self._init_precision(advance)
-        self._init_snapshot(histogram)
-        self._init_recipe(recipe, measure_amax)
+        self._init_step(options, keep_weights=False, measure_amax=measure_amax)  # an overflow is not applied
         self.scale_used = Parameter(Tensor(1.0, mstype.float32), name="lsexp_scale_used", requires_grad=False)
         self.dynamic = not isinstance(scale_sense, nn.FixedLossScaleUpdateCell)  # a fixed scale never changes
 
@@ -119,21 +110,12 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
     with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
     the overflow flag is only recorded."""
 
-    def __init__(self, network, optimizer, sens, *, recipe=Recipe(), inject_steps=(), last_step=0,
-                 native_check=False, telemetry=False, histogram=False, inject_graph=False,
-                 accumulate_steps=1,
-                 micro_batch=0, probes=(), layer_factor=None, keep_weights=False,
-                 advance=(), saturation=None):
+    def __init__(self, network, optimizer, sens, options: StepOptions = StepOptions()):
         super().__init__(network, optimizer, sens)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
-                            micro_batch)
-        self._init_taps(probes, layer_factor, keep_weights, saturation=saturation)
-        self._init_precision(advance)
-        self._init_snapshot(histogram)
-        self._init_recipe(recipe)
+        self._init_step(options, keep_weights=options.keep_weights)
         self.scale = Tensor(sens, mstype.float32)
         # the optimizer takes no loss_scale: the step takes the scale off the gradients first
-        self.divide = sens != 1 and not recipe.optimizer_divides
+        self.divide = sens != 1 and not options.recipe.optimizer_divides
         self.inverse = Tensor(1.0 / sens, mstype.float32)
 
     def scale_now(self) -> float:
@@ -176,15 +158,10 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
                            telemetry + clip + self._status_column(flag), layers)
 
 
-def build_train_step(cfg, strategy, loss_net: nn.Cell, optimizer: nn.Optimizer, last_step: int,
-                     native_check: bool, rank: int = 0, recipe: Recipe = Recipe(), probes=(),
-                     layer_factor=None, keep_weights=False, advance=(), saturation=None) -> nn.Cell:
+def build_train_step(strategy, loss_net: nn.Cell, optimizer: nn.Optimizer,
+                     options: StepOptions = StepOptions()) -> nn.Cell:
     """The strategy as a train-step cell, built as ms.Model would build it: with its update cell when
     overflowed updates are dropped, else a TrainOneStepCell whose sens is the scale (1 for none)."""
-    kwargs = dict(injection(cfg, last_step, native_check, rank), recipe=recipe, probes=probes,
-                  layer_factor=layer_factor, keep_weights=keep_weights, advance=advance,
-                  saturation=saturation)
     if not strategy.drops_overflow:
-        return NoDropTrainStep(loss_net, optimizer, strategy.scale, **kwargs)
-    return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(),
-                              measure_amax=strategy.measures_amax, **kwargs)
+        return NoDropTrainStep(loss_net, optimizer, strategy.scale, options)
+    return LossScaleTrainStep(loss_net, optimizer, strategy.update_cell(), options, strategy.measures_amax)

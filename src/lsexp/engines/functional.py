@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import all_finite
 
-from lsexp.engines.recorder import Recipe, StepRecorder, injection
+from lsexp.engines.recorder import StepOptions, StepRecorder
 
 
 def _grad_reducer(weights):
@@ -42,11 +42,8 @@ def _grad_reducer(weights):
 class FunctionalTrainStep(StepRecorder, nn.Cell):
     """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
 
-    def __init__(self, network, optimizer, scaler, drop_overflow_update, *, recipe=Recipe(), inject_steps=(),
-                 last_step=0, native_check=False, telemetry=False, histogram=False, inject_graph=False,
-                 accumulate_steps=1,
-                 micro_batch=0, measure_amax=False, probes=(), layer_factor=None, keep_weights=False,
-                 advance=(), saturation=None):
+    def __init__(self, network, optimizer, scaler, drop_overflow_update, options: StepOptions = StepOptions(),
+                 measure_amax: bool = False):
         super().__init__(auto_prefix=False)
         self.network = network
         self.optimizer = optimizer
@@ -54,15 +51,9 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.scaler = scaler
         self.drop = drop_overflow_update
         self.grad_reducer = _grad_reducer(self.weights)
-        self._init_recorder(inject_steps, last_step, native_check, telemetry, inject_graph, accumulate_steps,
-                            micro_batch)
-        self._init_taps(probes, layer_factor, keep_weights and not drop_overflow_update,
-                        saturation=saturation)
-        self._init_recipe(recipe, measure_amax)
-        self._init_precision(advance)
-        self._init_snapshot(histogram)
+        self._init_step(options, options.keep_weights and not drop_overflow_update, measure_amax)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
-        self.divide = not drop_overflow_update and scaler is not None and not recipe.optimizer_divides
+        self.divide = not drop_overflow_update and scaler is not None and not options.recipe.optimizer_divides
         # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
         for name, value in (vars(scaler) if scaler is not None else {}).items():
             if isinstance(value, Parameter):
@@ -139,33 +130,8 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
                            telemetry + amax + clip + self._status_column(flag), layers)
 
 
-def build_train_step(
-    cfg,
-    strategy,
-    loss_net: nn.Cell,
-    optimizer: nn.Optimizer,
-    last_step: int,
-    native_check: bool,
-    rank: int = 0,
-    recipe: Recipe = Recipe(),
-    probes=(),
-    layer_factor=None,
-    keep_weights=False,
-    advance=(),
-    saturation=None,
-) -> nn.Cell:
+def build_train_step(strategy, loss_net: nn.Cell, optimizer: nn.Optimizer,
+                     options: StepOptions = StepOptions()) -> nn.Cell:
     """engine=functional's counterpart of lsexp.engines.cell.build_train_step."""
-    return FunctionalTrainStep(
-        loss_net,
-        optimizer,
-        strategy.scaler(),
-        strategy.drops_overflow,
-        recipe=recipe,
-        measure_amax=strategy.measures_amax,
-        probes=probes,
-        layer_factor=layer_factor,
-        keep_weights=keep_weights,
-        advance=advance,
-        saturation=saturation,
-        **injection(cfg, last_step, native_check, rank),
-    )
+    return FunctionalTrainStep(loss_net, optimizer, strategy.scaler(), strategy.drops_overflow, options,
+                               strategy.measures_amax)

@@ -7,7 +7,7 @@ recording costs the single host sync that reading the loss needs anyway."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
@@ -68,6 +68,30 @@ class Recipe:
     advance_schedule: bool = False
 
 
+@dataclass(frozen=True)
+class StepOptions:
+    """What the train step does beside the strategy, as lsexp.training.build decides it from the run's
+    plan. Under data parallel every rank compiles the same graph: a rank that injects nothing (inject.rank
+    picks another) still carries the injection table (inject_graph). With accumulation, inject_steps count
+    micro-batches: micro-batch m (1-based, across the run) is the ((m - 1) % k + 1)-th of optimizer step
+    ceil(m / k)."""
+
+    recipe: Recipe = Recipe()
+    inject_steps: tuple = ()  # the steps whose gradients this rank poisons
+    last_step: int = 0
+    native_check: bool = False  # the device's own overflow status, not amp.all_finite
+    telemetry: bool = False  # telemetry.grads
+    histogram: bool = False  # telemetry.histogram_steps: the step keeps its gradients
+    inject_graph: bool = False  # some rank injects: every rank's graph carries the injection table
+    accumulate_steps: int = 1
+    micro_batch: int = 0  # dataset.batch_size: one micro-batch's samples
+    probes: tuple = ()  # the taps' probe Parameters (telemetry=layers)
+    layer_factor: Any = None  # inject.layer's factor Parameter, or None
+    keep_weights: bool = False  # telemetry.locate: an overflowed step that updates keeps its weights
+    advance: tuple = ()  # the delayed scales of a precision recipe, advanced before each forward pass
+    saturation: Optional[Saturation] = None  # device.overflow_mode=saturation, or None
+
+
 def _world() -> int:
     from mindspore.communication import GlobalComm, get_group_size
 
@@ -76,6 +100,17 @@ def _world() -> int:
 
 class StepRecorder:
     """Step counter, injection and stats shared by both train-step cells."""
+
+    def _init_step(self, options: StepOptions, keep_weights: bool, measure_amax: bool = False):
+        """Everything the step does beside the strategy, from its options; keep_weights as the engine
+        allows (a step that skips overflowed updates has nothing to keep)."""
+        o = options
+        self._init_recorder(o.inject_steps, o.last_step, o.native_check, o.telemetry, o.inject_graph,
+                            o.accumulate_steps, o.micro_batch)
+        self._init_taps(o.probes, o.layer_factor, keep_weights, o.saturation)
+        self._init_precision(o.advance)
+        self._init_snapshot(o.histogram)
+        self._init_recipe(o.recipe, measure_amax)
 
     def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
                        inject_graph: bool = False, accumulate_steps: int = 1, micro_batch: int = 0):
@@ -341,22 +376,3 @@ class StepRecorder:
         if layers is not None:  # the taps' statistics, last
             stats = ops.concat((stats, layers))
         return stats
-
-
-def injection(cfg, last_step: int, native_check: bool, rank: int) -> dict:
-    """The recorder's options shared by both engines' train steps. Under data parallel, inject.rank
-    picks the one rank whose gradients are poisoned. With accumulation, inject.overflow_steps count
-    micro-batches: micro-batch m (1-based, across the run) is the ((m - 1) % k + 1)-th of optimizer step
-    ceil(m / k)."""
-    steps = list(cfg.inject.overflow_steps)
-    mine = steps if cfg.inject.get("rank") is None or cfg.inject.rank == rank else []
-    return dict(
-        inject_steps=mine,
-        last_step=last_step,
-        native_check=native_check,
-        telemetry=cfg.telemetry.grads,
-        histogram=bool(cfg.telemetry.histogram_steps),
-        inject_graph=bool(steps),
-        accumulate_steps=cfg.train.accumulate_steps,
-        micro_batch=cfg.dataset.batch_size,
-    )

@@ -160,45 +160,33 @@ def params_digest(step_cell, state=()) -> str:
 
 
 def _rank_main(out_dir: Path) -> int:
-    import mindspore as ms
-    from mindspore.communication import get_group_size, get_rank, init
+    from mindspore.communication import get_rank
 
     from lsexp import strategies
-    from lsexp.runtime import device
     from lsexp.runtime.decided import Decided
+    from lsexp.training import job
     from lsexp.training.history import History
-    from lsexp.training.loop import train
+    from lsexp.training.plan import plan_of
 
     def stop(signum, frame):  # msrun's SIGTERM or the job's: end like Ctrl-C, history written
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
+    def first_rank_writes(history):  # rank 0's history on disk after every epoch: what the job tracks
+        if get_rank() == 0:  # if the ranks are stopped
+            history.write_csv(out_dir / "history.csv")
+
+    def digest(step_cell):
+        (out_dir / LOG_DIR / f"rank{get_rank()}.params_sha256").write_text(params_digest(step_cell, state))
+
     signal.signal(signal.SIGTERM, stop)
     cfg = OmegaConf.load(out_dir / RANK_CONFIG)
     decided = Decided.from_dict(json.loads((out_dir / RANK_DECIDED).read_text()))
-    target = device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
-    init()
-    ms.set_auto_parallel_context(
-        parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=bool(cfg.parallel.gradients_mean)
-    )
-    rank, world = get_rank(), get_group_size()
-    # Rank 0's history on disk after every epoch: what the job tracks if the ranks are stopped.
-    history = History(on_epoch=(lambda h: h.write_csv(out_dir / "history.csv")) if rank == 0 else None)
     strategy = strategies.resolve(cfg)
     state = strategy.state_names(cfg.engine.name)
     try:
-        train(
-            cfg,
-            strategy,
-            decided.for_rank(world, rank),
-            out_dir,
-            history,
-            target,
-            rank=rank,
-            on_done=lambda cell: (out_dir / LOG_DIR / f"rank{rank}.params_sha256").write_text(
-                params_digest(cell, state)
-            ),
-        )
+        history = History(on_epoch=first_rank_writes)
+        job.run(cfg, job.Checked(strategy, plan_of(cfg)), decided, out_dir, history, on_done=digest)
     except KeyboardInterrupt:
         return 130
     return 0

@@ -52,32 +52,35 @@ def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_targe
                              advance_schedule=advances)
 
 
-def build(cfg, strategy, decided, target: str, out_dir: Path, last_step: int, rank: int = 0, net=None):
-    """(network, train step): the network (or the one the shape probe built) in amp.level's precision,
-    with the loss and the optimizer, in the train step that engine._target_ builds around the strategy."""
+def build(job, last_step: int, net=None):
+    """(network, train step, taps): the network (or the one the shape probe built) in amp.level's
+    precision, tapped and quantised as the job's plan says, with the loss and the optimizer, in the train
+    step that engine._target_ builds around the strategy."""
     from hydra.utils import get_method
     from mindspore import nn
 
+    from lsexp.engines.recorder import StepOptions
+
+    cfg, plan = job.cfg, job.plan
     net = network(cfg) if net is None else net
-    # the step's own network is tapped where the taps act or report in every step; the locator alone
-    # replays an overflowed step on a tapped copy (lsexp.taps.locate), so a clean run compiles no tap
-    tapped = cfg.telemetry.layers or cfg.inject.get("layer") or saturates(cfg)
-    layers = tapped_layers(cfg, net) if tapped else {}
-    net = with_amp(cfg, net, out_dir)
+    layers = tapped_layers(plan, net) if plan.tapped else {}
+    net = with_amp(cfg, net, job.out_dir)
     taps, injection = None, None
     if layers:  # after amp, so that the taps take no part in its casts
-        taps, injection = install_taps(cfg, net, layers, saturates(cfg))
-    advance = with_precision(cfg, net)
+        taps, injection = install_taps(plan, net, layers)
+    advance = with_precision(cfg, plan, net)
     loss_net = nn.WithLossCell(net, loss(cfg))
-    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), decided.optimizer_loss_scale, last_step,
-                                       target)
+    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), job.decided.optimizer_loss_scale,
+                                        last_step, job.target)
+    options = StepOptions(
+        recipe=recipe, inject_steps=plan.injects_on(job.rank), last_step=last_step,
+        native_check=job.target != "CPU", telemetry=plan.grads, histogram=bool(plan.histogram_steps),
+        inject_graph=bool(plan.inject_steps), accumulate_steps=plan.accumulate_steps,
+        micro_batch=plan.micro_batch, probes=taps.probes(entry=False) if plan.observe_layers else (),
+        layer_factor=None if injection is None else injection.factor, keep_weights=plan.locate,
+        advance=advance, saturation=step_saturation(cfg, plan, taps, job.target) if plan.saturation else None)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
-    step_cell = build_train_step(cfg, strategy, loss_net, optimizer, last_step, native_check=target != "CPU",
-                                 rank=rank, recipe=recipe,
-                                 probes=taps.probes(entry=False) if cfg.telemetry.layers else (),
-                                 layer_factor=None if injection is None else injection.factor,
-                                 keep_weights=locates(cfg), advance=advance,
-                                 saturation=step_saturation(cfg, taps, target) if saturates(cfg) else None)
+    step_cell = build_train_step(job.strategy, loss_net, optimizer, options)
     step_cell.set_train()
     return net, step_cell, taps
 
@@ -101,24 +104,18 @@ def record_casts(cfg, data, out_dir: Path) -> dict:
     return summary(rows)
 
 
-def with_precision(cfg, net) -> list:
+def with_precision(cfg, plan, net) -> list:
     """precision.recipe: the network's matrix products quantised in place (lsexp.precision), after amp,
     so that the quantisers see the types amp gives them, and inside the taps, so that a tap sees a layer's
     output as the recipe makes it. Returns the delayed scales the train step advances."""
-    precision = cfg.get("precision")
-    if precision is None or precision.recipe == "none":
+    if plan.precision is None:
         return []
     from lsexp.precision.recipes import delayed_scales, install
 
-    return delayed_scales(install(net, precision))
+    return delayed_scales(install(net, cfg.precision))
 
 
-def saturates(cfg) -> bool:
-    """device.overflow_mode=saturation: Ascend's saturation mode, emulated at every layer's tap."""
-    return cfg.device.get("overflow_mode", "infnan") == "saturation"
-
-
-def step_saturation(cfg, taps, target: str):
+def step_saturation(cfg, plan, taps, target: str):
     """What the train step takes of device.overflow_mode=saturation: the taps' status probes, whether its
     check reads the emulated flag (device.status_check), and where a parameter gradient saturates."""
     from lsexp.engines.recorder import Saturation
@@ -127,16 +124,11 @@ def step_saturation(cfg, taps, target: str):
 
     largest = FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX
     lib = built(KERNELS, FALLBACK) if target == "CPU" else None
-    return Saturation(tuple(taps.status_probes()), bool(cfg.device.status_check), largest,
+    return Saturation(tuple(taps.status_probes()), plan.status_check, largest,
                       Kernels(lib).rule_as(largest) if lib else None)
 
 
-def locates(cfg) -> bool:
-    """telemetry.locate, in the compiled step (train.mode=graph) only."""
-    return cfg.train.mode == "graph" and bool(cfg.telemetry.locate)
-
-
-def tapped_layers(cfg, net) -> dict:
+def tapped_layers(plan, net) -> dict:
     """{name: cell} of the layers the taps wrap, in execution order; empty when the network has no layers
     and only the locator asks (it then locates nothing)."""
     from lsexp.taps.layers import NoLayers, layer_names
@@ -144,24 +136,26 @@ def tapped_layers(cfg, net) -> dict:
     try:
         names = layer_names(net)
     except NoLayers:
-        if cfg.telemetry.layers or cfg.inject.get("layer"):
+        if plan.observe_layers or plan.inject_layer is not None:
             raise  # preflight refuses these first, in one line
         return {}
     cells = dict(net.cells_and_names())
     return {name: cells[name] for name in names}
 
 
-def install_taps(cfg, net, layers: dict, saturating: bool = False):
-    """(Taps, the inject.layer transform or None), installed in `net` in place; with `saturating`, every
-    tap saturates (lsexp.taps.saturation), after the injection where there is one."""
+def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None):
+    """(Taps, the inject.layer transform or None), installed in `net` in place; where the plan saturates
+    (or `saturating` says so), every tap saturates (lsexp.taps.saturation), after the injection where
+    there is one."""
     from lsexp.taps.cells import LayerInjection, install
 
+    saturating = plan.saturation if saturating is None else saturating
     injection = None
-    if cfg.inject.get("layer"):
-        injection = LayerInjection(backward=cfg.inject["pass"] == "backward")
+    if plan.inject_layer is not None:
+        injection = LayerInjection(backward=plan.inject_backward)
 
     def transform_for(name):
-        mine = injection if name == cfg.inject.get("layer") else None
+        mine = injection if name == plan.inject_layer else None
         if not saturating:
             return mine
         from lsexp.taps.saturation import Saturation
@@ -169,23 +163,23 @@ def install_taps(cfg, net, layers: dict, saturating: bool = False):
         return Saturation(mine)
 
     # saturating taps need measure nothing unless telemetry=layers reads them: the locator replays on a copy
-    observe = not saturating or bool(cfg.telemetry.layers)
+    observe = not saturating or plan.observe_layers
     return install(net, list(layers), layers, transform_for, observe=observe), injection
 
 
-def tapped_copy(cfg, out_dir: Path):
+def tapped_copy(cfg, plan, out_dir: Path):
     """The locator's loss network when the step's own is not tapped (or its taps saturate, which would hide
     what the locator looks for): the model built again, in amp.level's precision, every layer tapped; or
     None when it has no layers. Its parameters have the step's names."""
     from mindspore import nn
 
     net = network(cfg)
-    layers = tapped_layers(cfg, net)
+    layers = tapped_layers(plan, net)
     if not layers:
         return None
     net = with_amp(cfg, net, out_dir)
-    taps, _ = install_taps(cfg, net, layers)
-    with_precision(cfg, net)
+    taps, _ = install_taps(plan, net, layers, saturating=False)
+    with_precision(cfg, plan, net)
     return nn.WithLossCell(net, loss(cfg)), taps
 
 

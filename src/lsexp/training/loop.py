@@ -7,12 +7,12 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from lsexp.casts import records
 from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
 from lsexp.runtime import device
 from lsexp.training import checkpoint
@@ -64,13 +64,12 @@ class _Run:
         return self.diverged_at is not None or self.collapse.step is not None
 
 
-def train(cfg, strategy, decided, out_dir: Path, history: History, target: str, rank: int = 0,
-          on_done: Optional[Callable] = None, probed=None) -> dict:
-    """Run the configured training; history fills as it goes. Writes history.csv and summary.json
-    in out_dir on every exit, so an interrupted run keeps what it did. Under data parallel only rank
-    0 evaluates and writes; on_done(step_cell) runs on every rank once training has finished.
-    probed: the (data, network) the shape probe built for a user's own model or data set."""
-    run = _setup(cfg, strategy, decided, out_dir, history, target, rank, probed)
+def train(job, history: History, on_done: Optional[Callable] = None) -> dict:
+    """Run the job's training (lsexp.training.job); history fills as it goes. Writes history.csv and
+    summary.json in the job's folder on every exit, so an interrupted run keeps what it did. Under data
+    parallel only rank 0 evaluates and writes; on_done(step_cell) runs on every rank once training has
+    finished."""
+    run = _setup(job, history)
     try:
         _loop(run)
         run.summary["status"] = "finished"
@@ -84,16 +83,16 @@ def train(cfg, strategy, decided, out_dir: Path, history: History, target: str, 
     return run.summary
 
 
-def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str, rank: int, probed) -> _Run:
+def _setup(job, history: History) -> _Run:
     started = time.perf_counter()
-    data, net = probed if probed is not None else (load_data(cfg), None)
+    cfg, plan, strategy, out_dir, primary = job.cfg, job.plan, job.strategy, job.out_dir, job.primary
+    data, net = job.probed if job.probed is not None else (load_data(cfg), None)
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
-    primary = rank == 0
-    casts = record_casts(cfg, data, out_dir) if primary and records(cfg.amp) else None
-    net, step_cell, taps = build(cfg, strategy, decided, target, out_dir, last, rank, net=net)
+    casts = record_casts(cfg, data, out_dir) if primary and plan.records_casts else None
+    net, step_cell, taps = build(job, last, net=net)
     done, skipped = checkpoint.resume(step_cell, cfg.train.resume, strategy, cfg.engine.name) \
         if cfg.train.resume else (0, 0)
-    probe_steps = set(cfg.telemetry.histogram_steps)
+    probe_steps = set(plan.histogram_steps)
     probe = None
     if probe_steps and primary:
         from lsexp.training.telemetry import GradientProbe
@@ -103,7 +102,7 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         "run_name": run_name(cfg, strategy.name),
         "strategy": strategy.name,
         "amp_level": cfg.amp.level,
-        "device_target": target,
+        "device_target": job.target,
         "onednn_max_cpu_isa": device.onednn_isa_in_force(),
         "resumed_from_step": done,
         "status": "running",
@@ -122,8 +121,8 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         done=done,
         skipped=skipped,
         primary=primary,
-        cpus=decided.affinity_cpu_list,
-        shard=decided.shard,
+        cpus=job.decided.affinity_cpu_list,
+        shard=job.decided.shard,
         probe=probe,
         probe_steps=probe_steps,
         summary=summary,
@@ -136,32 +135,33 @@ def _setup(cfg, strategy, decided, out_dir: Path, history: History, target: str,
         columns=step_cell.columns,
         clip_at=None if (clip := cfg.optimizer.clip_grad_norm) is None else float(np.float32(clip)),
         unmeasured=tuple(c for c in ("headroom_log2", "grad_amax") if c in step_cell.columns),
-        **_taps(cfg, taps, step_cell, primary, out_dir),
+        **_taps(job, taps, step_cell),
     )
 
 
-def _taps(cfg, taps, step_cell, primary: bool, out_dir: Path) -> dict:
+def _taps(job, taps, step_cell) -> dict:
     """The run's side of lsexp.taps: the layer table of telemetry=layers, the locator of telemetry.locate
     (on rank 0, which replays its own shard)."""
-    from lsexp.training.build import locates, saturates, tapped_copy
+    from lsexp.training.build import tapped_copy
 
+    plan = job.plan
     out: Dict[str, Any] = {}
-    precision = cfg.get("precision")
-    if precision is not None and precision.recipe != "none":
+    if plan.precision is not None:
         from lsexp.precision.telemetry import PrecisionTable
 
         out["precision_table"] = PrecisionTable()
-    if taps is not None and cfg.telemetry.layers:
+    if taps is not None and plan.observe_layers:
         from lsexp.training.telemetry import LayerTable
 
         out.update(layers=taps, layer_table=LayerTable(taps.names))
-    if locates(cfg) and primary:
+    if plan.locate and job.primary:
         from lsexp.taps.locate import Locator
 
         kept = list(zip(step_cell.weights, step_cell.shadow)) if step_cell.keep else []
         # under saturation the step's taps hide every inf: the replay runs on a copy that keeps them
-        mine = None if saturates(cfg) else taps
-        out["locator"] = Locator(step_cell.network, mine, kept, lambda: tapped_copy(cfg, out_dir))
+        mine = None if plan.saturation else taps
+        copy = partial(tapped_copy, job.cfg, plan, job.out_dir)  # built only when a replay needs it
+        out["locator"] = Locator(step_cell.network, mine, kept, copy)
     return out
 
 
