@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -15,7 +17,7 @@ from omegaconf import DictConfig
 
 from lsexp import preflight
 from lsexp.config import hydra_errors, paths
-from lsexp.config.errors import ConfigError
+from lsexp.config.errors import ConfigError, Halt, Refused
 from lsexp.config.registry import register_configs
 from lsexp.scaleout import launchers
 
@@ -44,11 +46,17 @@ def run(cfg: DictConfig) -> dict:
     decided at run time is a Decided beside it."""
     from lsexp.runtime.decided import decide
 
-    checked = preflight.checked_or_exit(cfg)
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    single = _single_run()
+    try:
+        checked = preflight.check(cfg, validated=single)  # on_run_start validated a single run
+    except ConfigError as err:
+        if single:
+            _leave_nothing(out_dir)
+        _exit(err)
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
-    out_dir = Path(HydraConfig.get().runtime.output_dir)
     os.environ["MS_OM_PATH"] = _USER_OM_PATH or str(out_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
     try:
@@ -59,6 +67,8 @@ def run(cfg: DictConfig) -> dict:
     try:
         with decide(cfg, checked.strategy.optimizer_loss_scale, _parallel_jobs()) as decided:
             summary = _track_and_train(cfg, checked, decided, out_dir)
+    except Refused as err:
+        _exit(err)
     except KeyboardInterrupt:  # the history is written and the MLflow run ended by now
         interrupted = True
         # MindSpore turns Ctrl-C into SIGTERM, so the two cannot be told apart here.
@@ -73,6 +83,28 @@ def run(cfg: DictConfig) -> dict:
             signal.signal(signal.SIGINT, previous[1])
     _report(summary, out_dir)
     return summary
+
+
+def _single_run() -> bool:
+    return str(HydraConfig.get().mode) == "RunMode.RUN"
+
+
+def _leave_nothing(out_dir: Path) -> None:
+    """A single run refused by a probe of its network: Hydra has made its folder, with its .hydra/ and the
+    job's log. Both go when nothing else is in the folder, and so do the folders above it, up to the
+    working directory, that held only it."""
+    from lsexp.tracking.resume import KEPT
+
+    own = {KEPT[0], f"{HydraConfig.get().job.name}.log"}
+    if not out_dir.is_dir() or {p.name for p in out_dir.iterdir()} - own:
+        return
+    shutil.rmtree(out_dir / KEPT[0], ignore_errors=True)
+    (out_dir / f"{HydraConfig.get().job.name}.log").unlink(missing_ok=True)
+    top = Path(HydraConfig.get().runtime.cwd).resolve()
+    folder = out_dir.resolve()
+    while folder != top and top in folder.parents and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent
 
 
 def _parallel_jobs() -> int:
@@ -102,9 +134,6 @@ def _track_and_train(cfg: DictConfig, checked, decided, out_dir: Path) -> dict:
         history = History(on_epoch=run.send_steps)
         try:
             return job.run(cfg, checked, decided, out_dir, history)
-        except ConfigError as err:
-            print(err, file=sys.stderr)
-            raise SystemExit(2) from None
         finally:
             run.send_steps(history)
 
@@ -117,7 +146,7 @@ def _launch_ranks(cfg: DictConfig, decided, out_dir: Path, run) -> dict:
     try:
         return msrun.launch(cfg, decided, out_dir)
     except msrun.RankFailure as err:
-        raise SystemExit(f"lsexp: parallel=data: {err}") from None
+        raise Refused(f"lsexp: parallel=data: {err}", exit_code=1) from None
     finally:  # whatever rank 0 trained, also when the run was stopped or a rank died
         if (out_dir / "history.csv").exists():
             history.rows = read_history(out_dir / "history.csv")
@@ -195,6 +224,18 @@ def _hydra_main(cfg: DictConfig) -> float:
 
 
 def main() -> None:
-    """`python -m lsexp [overrides]`, a config Hydra cannot compose being one line and exit 2."""
-    with hydra_errors.reported_in_one_line(sys.argv[1:]):
-        _hydra_main()
+    """`python -m lsexp [overrides]`: a config Hydra cannot compose, or one lsexp refuses before the run,
+    is its lines on stderr and exit 2."""
+    try:
+        with hydra_errors.reported_in_one_line(sys.argv[1:]):
+            _hydra_main()
+    except Halt as halt:
+        _exit(halt.refused)
+    except Refused as err:
+        _exit(err)
+
+
+def _exit(err: Refused) -> NoReturn:
+    if str(err):
+        print(err, file=sys.stderr)
+    raise SystemExit(err.exit_code) from None

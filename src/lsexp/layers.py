@@ -16,14 +16,18 @@ def main(argv: Sequence[str] = ()) -> int:
     from hydra import compose, initialize_config_dir
 
     from lsexp.config import hydra_errors, paths
+    from lsexp.config.errors import ConfigError
     from lsexp.config.registry import register_configs
+    from lsexp.preflight import validate
 
     register_configs()
-    with hydra_errors.reported_in_one_line(list(argv)):
-        with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
-            cfg = compose("config", overrides=list(argv))
-    from lsexp.config.errors import ConfigError
-    from lsexp.preflight import validate
+    try:
+        with hydra_errors.reported_in_one_line(list(argv)):
+            with initialize_config_dir(config_dir=str(paths.conf_dir()), version_base="1.3"):
+                cfg = compose("config", overrides=list(argv))
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
     from lsexp.taps.layers import NoLayers, layer_names
     from lsexp.training.build import network
 

@@ -27,6 +27,18 @@ def records(amp) -> bool:
     return amp.level == "auto" or bool(white) or bool(black)
 
 
+def problems(cfg) -> List[str]:
+    """The amp group's keys: the level, the low-precision type and the cast lists."""
+    from lsexp.config.schema import AMP_DTYPES, AMP_LEVELS
+
+    amp, p = cfg.amp, []
+    if amp.level not in AMP_LEVELS:
+        p.append(f"amp.level={amp.level}: unknown amp level; use one of {', '.join(AMP_LEVELS)}")
+    if amp.dtype not in AMP_DTYPES:
+        p.append(f"amp.dtype={amp.dtype}: unknown low-precision type; use float16 or bfloat16")
+    return p + list_problems(amp)
+
+
 def list_problems(amp) -> List[str]:
     """The cast lists against amp.level, before the network is built."""
     white, black = lists_of(amp)

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import sys
 from contextlib import contextmanager
 from functools import partial
 from typing import Iterator, Optional, Sequence
 
+from lsexp.config.errors import ConfigError, Refused
 from lsexp.config.overrides import overrides_dict
 
 _FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -24,8 +24,8 @@ _SET_HERE = "_LSEXP_SET_HYDRA_FULL_ERROR"
 
 @contextmanager
 def reported_in_one_line(argv: Sequence[str]) -> Iterator[None]:
-    """Around a Hydra main: a composition error becomes one line on stderr and exit 2; any other error
-    is reported as Hydra reports it."""
+    """Around a Hydra main: a composition error becomes a ConfigError of one line, lsexp's own refusals
+    pass, and any other error is reported as Hydra reports it."""
     if os.environ.get(_FULL_ERROR) == "1":
         yield
         return
@@ -33,6 +33,8 @@ def reported_in_one_line(argv: Sequence[str]) -> Iterator[None]:
     os.environ[_SET_HERE] = "1"
     try:
         yield
+    except Refused:  # lsexp's own, for the command line to report
+        raise
     except Exception as ex:  # noqa: BLE001 - sorted below; nothing is swallowed
         job_begins()
         line = one_line(ex, argv)
@@ -41,8 +43,7 @@ def reported_in_one_line(argv: Sequence[str]) -> Iterator[None]:
 
             run_and_report(partial(_raise, ex))  # Hydra's own stripped traceback, and exit 1
             raise
-        print(f"lsexp: config error: {line}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise ConfigError([line]) from None
     finally:
         job_begins()
 

@@ -83,3 +83,54 @@ def build(cfg_optimizer: DictConfig, params: List, learning_rate, loss_scale: fl
     if cfg_optimizer.decay_filter:
         params = param_groups(list(params), kwargs["weight_decay"])
     return get_class(target)(params, **kwargs)
+
+
+def loss_scale_problems(cfg: DictConfig) -> List[str]:
+    """optimizer.loss_scale, where it is given: the strategy's otherwise."""
+    from lsexp.config.values import finite_positive
+
+    opt_scale = cfg.optimizer.get("loss_scale")
+    if opt_scale is not None and not finite_positive(opt_scale):
+        return [f"optimizer.loss_scale={opt_scale}: must be a finite number > 0; leave it unset"]
+    return []
+
+
+def problems(cfg: DictConfig) -> List[str]:
+    """The optimizer group's keys, and its family's own checks."""
+    from lsexp.config import families
+    from lsexp.config.values import finite_positive
+
+    o, p = cfg.optimizer, []
+    if not finite_positive(o.learning_rate):
+        p.append(f"optimizer.learning_rate={o.learning_rate}: must be a finite number > 0")
+    if o.weight_decay < 0:
+        p.append(f"optimizer.weight_decay={o.weight_decay}: must be >= 0; e.g. 0.01")
+    if o.clip_grad_norm is not None and not finite_positive(o.clip_grad_norm):
+        p.append(f"optimizer.clip_grad_norm={o.clip_grad_norm}: must be a finite number > 0, e.g. 1.0, "
+                 f"or null for no clipping")
+    family = families.of("optimizer", o._target_)
+    return p + list(getattr(family, "problems", lambda _: [])(cfg))
+
+
+def token_problems(cfg: DictConfig) -> List[str]:
+    """train.mean_over_tokens: a token count no smaller than the step's own, with an optimizer whose float32
+    update a correction keeps (divisor_correction)."""
+    from lsexp.config.facts import batch_tokens
+
+    n = cfg.train.get("mean_over_tokens")
+    if n is None or cfg.dataset.batch_size < 1:
+        return []
+    own = batch_tokens(cfg)
+    if n < own:
+        return [f"train.mean_over_tokens={n}: below the {own} tokens a step already averages (world size x "
+                f"train.accumulate_steps x dataset.batch_size, x dataset.seq_len for a language model); use "
+                f">= {own}, or null for the batch's own count"]
+    p = []
+    if divisor_correction(cfg.optimizer) is None:
+        p.append(f"train.mean_over_tokens={n} with optimizer._target_={cfg.optimizer._target_}: no "
+                 f"correction keeps its float32 update unchanged; use optimizer=adamw, adam, momentum or "
+                 f"sgd, or train.mean_over_tokens=null")
+    if cfg.optimizer.clip_grad_norm is not None:
+        p.append(f"train.mean_over_tokens={n} with optimizer.clip_grad_norm={cfg.optimizer.clip_grad_norm}: "
+                 f"the clip would see the smaller gradients; set optimizer.clip_grad_norm=null")
+    return p

@@ -69,6 +69,34 @@ def resolve_target(name: str) -> str:
     return "CPU"
 
 
+def problems(cfg) -> List[str]:
+    """The device group's keys: device.overflow_mode and device.status_check (lsexp.taps.saturation),
+    then the target, its cores and oneDNN's cap."""
+    return _overflow_mode_problems(cfg) + device_problems(cfg.device)
+
+
+def _overflow_mode_problems(cfg) -> List[str]:
+    from lsexp.config.schema import OVERFLOW_MODES
+
+    mode = cfg.device.get("overflow_mode", "infnan")
+    if mode not in OVERFLOW_MODES:
+        return [f"device.overflow_mode={mode}: no such mode; use infnan (inf and NaN, as GPUs and CPUs "
+                f"report an overflow) or saturation (Ascend's saturation mode, emulated)"]
+    if mode != "saturation":
+        return []
+    p = []
+    if cfg.amp.level == "O0":
+        p.append("device.overflow_mode=saturation with amp.level=O0: float32 does not overflow where float16 "
+                 "saturates; use amp=O2 (or amp=O1, O3)")
+    if cfg.parallel.parallel_mode == "data_parallel":
+        p.append("device.overflow_mode=saturation with parallel=data: the emulated status flag is not yet "
+                 "reduced over the ranks; use parallel=none")
+    if str(cfg.device.device_target) == "Ascend":
+        p.append("device.overflow_mode=saturation with device=ascend: the chip has the mode itself; set "
+                 "INF_NAN_MODE_ENABLE=0 (910B/C) and keep device.overflow_mode=infnan, or emulate it on CPU")
+    return p
+
+
 def device_problems(dev) -> List[str]:
     name = str(dev.device_target)
     if name.lower() not in _ALIASES:

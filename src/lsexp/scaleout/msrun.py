@@ -37,6 +37,31 @@ class RankFailure(RuntimeError):
     """A rank died or msrun gave up; str() is the one line for the user."""
 
 
+def problems(cfg: DictConfig) -> List[str]:
+    """The parallel group's keys, and what data parallel asks of the data set and the train mode."""
+    from lsexp.config import families
+    from lsexp.config.schema import PARALLEL_MODES
+
+    par, p = cfg.parallel, []
+    if par.parallel_mode not in PARALLEL_MODES:
+        return [f"parallel.parallel_mode={par.parallel_mode}: use data_parallel (parallel=data) or "
+                f"stand_alone"]
+    if par.parallel_mode != "data_parallel":
+        return []
+    if par.workers < 1:
+        p.append(f"parallel.workers={par.workers}: must be >= 1")
+    if families.of("dataset", cfg.dataset._target_) is None:
+        p.append(f"parallel=data with dataset._target_={cfg.dataset._target_}: a data set of your own cannot "
+                 f"be sharded by lsexp yet; use a built-in data set or parallel=none")
+    if not cfg.dataset.drop_remainder:
+        p.append("dataset.drop_remainder=false with parallel=data: every rank must take the same number "
+                 "of steps; set dataset.drop_remainder=true")
+    if cfg.train.mode != "graph":
+        p.append(f"train.mode={cfg.train.mode} with parallel=data: data parallel runs in graph mode; "
+                 f"set train.mode=graph")
+    return p
+
+
 def data_parallel(cfg: DictConfig) -> bool:
     return cfg.parallel.parallel_mode == "data_parallel"
 

@@ -10,6 +10,8 @@ its `<name>_schema.py` here and its YAML under conf/lr_schedule/.
 
 from __future__ import annotations
 
+from typing import List
+
 from omegaconf import DictConfig, OmegaConf
 
 OWN_KEYS = ("on_skip",)
@@ -46,3 +48,31 @@ def build(cfg_schedule: DictConfig, learning_rate: float, run_steps: int):
 
         return OnOwnCounter(schedule), True
     return schedule, False
+
+
+def problems(cfg: DictConfig) -> List[str]:
+    """The lr_schedule group's keys, as far as the run's step count is not needed."""
+    from lsexp.config.schema import ON_SKIP
+
+    ls, p = cfg.lr_schedule, []
+    if ls.on_skip not in ON_SKIP:
+        p.append(f"lr_schedule.on_skip={ls.on_skip}: use hold (a skipped update holds the schedule) or "
+                 f"advance (it moves every step)")
+    for key in ("warmup_steps", "total_steps"):
+        if ls.get(key) is not None and ls[key] < (0 if key == "warmup_steps" else 1):
+            p.append(f"lr_schedule.{key}={ls[key]}: must be >= {0 if key == 'warmup_steps' else 1}, "
+                     f"or null for the default")
+    return p
+
+
+def step_problems(cfg: DictConfig, n: int) -> List[str]:
+    """The schedule's steps against the run's n optimizer steps."""
+    ls, p = cfg.lr_schedule, []
+    total = total_of(ls, n)
+    if ls.get("total_steps") is not None and total < n:
+        p.append(f"lr_schedule.total_steps={total}: smaller than this run's {n} optimizer steps, so the "
+                 f"schedule would end before the run; raise it to >= {n} or leave it null")
+    if "warmup_steps" in ls and warmup_of(ls, total) >= total:
+        p.append(f"lr_schedule.warmup_steps={ls.warmup_steps}: the warm-up must end before the schedule's "
+                 f"{total} steps; lower it below {total}")
+    return p

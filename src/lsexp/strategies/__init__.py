@@ -12,7 +12,6 @@ MindSpore only when an engine asks it for a cell or a scaler.
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Tuple
 
 from omegaconf import DictConfig, OmegaConf
@@ -20,12 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from lsexp.config import families
 from lsexp.config.errors import ConfigError
-
-
-def finite_positive(value) -> bool:
-    return (
-        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-    )
+from lsexp.config.values import finite_positive
 
 
 def scale_ok(value) -> bool:

@@ -12,3 +12,33 @@ EXIT_STATS = ("out_amax", "grad_amax", "underflow_fraction", "zero_fraction", "o
 ENTRY_STATS = ("in_amax", "grad_out_amax")
 STATS = ("in_amax",) + EXIT_STATS + ("grad_out_amax",)  # a layer's, in the order values pass it
 PASSES = ("forward", "backward")
+
+
+def problems(cfg, plan) -> list:
+    """inject.* and telemetry.layers, as far as the network's layers are not needed (those checks are
+    lsexp.training.probes'): the rank, the pass, the steps, and what the taps cannot do."""
+    from lsexp.config.facts import world_size
+
+    i, p = cfg.inject, []
+    k = cfg.train.accumulate_steps
+    if i.rank is not None and not 0 <= i.rank < world_size(cfg):
+        p.append(f"inject.rank={i.rank}: there are ranks 0..{world_size(cfg) - 1}; use one of them, or null "
+                 f"for every rank")
+    if i["pass"] not in PASSES:
+        p.append(f"inject.pass={i['pass']}: use forward (the layer's output) or backward (the gradient "
+                 f"flowing into it)")
+    if i.layer is not None:
+        if not i.overflow_steps:
+            p.append(f"inject.layer={i.layer} without inject.overflow_steps: name the steps to poison, "
+                     f"e.g. inject.overflow_steps=[7]")
+        if k > 1:
+            p.append(f"inject.layer={i.layer} with train.accumulate_steps={k}: injection at a layer counts "
+                     f"optimizer steps, not micro-batches; set train.accumulate_steps=1 or drop inject.layer")
+    asks = plan.asks_of_layers
+    if asks and cfg.train.mode != "graph":
+        p.append(f"{' and '.join(asks)} with train.mode={cfg.train.mode}: the taps are in the compiled step; "
+                 f"set train.mode=graph")
+    if plan.observe_layers and k > 1:
+        p.append(f"telemetry.layers=true with train.accumulate_steps={k}: the taps measure one micro-batch; "
+                 f"set train.accumulate_steps=1 or use telemetry=grads")
+    return p

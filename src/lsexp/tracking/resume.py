@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import sys
 from pathlib import Path
 from typing import Dict, Optional
+
+from lsexp.config.errors import Refused
 
 JOB_TAG, FINGERPRINT_TAG, SUPERSEDED_TAG = "lsexp.job", "lsexp.fingerprint", "lsexp.superseded"
 # keys that change no number: where the store and the checkpoint are, how runs are named and shown,
@@ -61,7 +62,7 @@ def job_runs(client, parent_run_id: str, job: int):
 def decide(client, parent_run_id: str, job: int, params: Dict[str, str], label: str,
            out_dir: Path) -> Optional[dict]:
     """The finished run's summary if the job is done; None if it must train (its old runs superseded).
-    Exits 2 with one line if the job finished under another config."""
+    Refuses in one line if the job finished under another config."""
     from lsexp.tracking.store import with_retry
 
     runs = job_runs(client, parent_run_id, job)
@@ -72,10 +73,9 @@ def decide(client, parent_run_id: str, job: int, params: Dict[str, str], label: 
             return summary_of(run)
         old, new = fingerprinted(run.data.params), fingerprinted(params)
         key = next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)), "the decided values")
-        print(f"lsexp: sweep.resume: job {job} ({label}) finished in run {run.info.run_id} with "
-              f"{key}={old.get(key)}, and now has {key}={new.get(key)}; resume with the sweep's own "
-              "overrides, or start a new sweep in another hydra.sweep.dir", file=sys.stderr)
-        raise SystemExit(2)
+        raise Refused(f"lsexp: sweep.resume: job {job} ({label}) finished in run {run.info.run_id} with "
+                      f"{key}={old.get(key)}, and now has {key}={new.get(key)}; resume with the sweep's own "
+                      "overrides, or start a new sweep in another hydra.sweep.dir")
     for run in runs:
         with_retry(client.set_tag, run.info.run_id, SUPERSEDED_TAG, "true")
         if run.info.status == "RUNNING":  # its job was killed outright (SIGKILL) and never ended it

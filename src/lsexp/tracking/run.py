@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lsexp.config.errors import Refused
 from lsexp.config.facts import dataset_name, model_name, run_name, world_size
 from lsexp.config.overrides import overrides_dict
 from lsexp.optimizers import divisor_params
@@ -36,13 +36,12 @@ def start_dir() -> str:
     return HydraConfig.get().runtime.cwd if HydraConfig.initialized() else os.getcwd()
 
 
-def exit_if_unreachable(uri: Optional[str]) -> None:
-    """check_reachable for the command line: the one-line error, then exit 2."""
+def refuse_if_unreachable(uri: Optional[str]) -> None:
+    """check_reachable for the command line: a store that cannot be used is a refusal of one line."""
     try:
         check_reachable(configured_uri(uri))
     except TrackingError as err:
-        print(f"lsexp: tracking error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise Refused(f"lsexp: tracking error: {err}") from None
 
 
 # --- one run -----------------------------------------------------------------------------------
@@ -150,7 +149,7 @@ class _WorkerTracker:
         if self.worker.supervised and not in_sweep():
             return
         if self.worker.wait() != 0:  # the worker has said why
-            raise SystemExit(1)
+            raise Refused(exit_code=1)
 
 
 @contextlib.contextmanager

@@ -1,5 +1,6 @@
 """Tracking URIs as lsexp prints them, with credentials redacted, and the error of a store that cannot
-be used. A leaf: the validation, the store, the database and the server all use it."""
+be used, and the check of tracking.uri. A leaf: the validation, the store, the database and the server
+all use it."""
 
 from __future__ import annotations
 
@@ -34,3 +35,14 @@ def scrub(text: str, uri: Optional[str]) -> str:
     for form in {password, unquote(password or "")} - {None, ""}:
         text = text.replace(form, "***")
     return text
+
+
+def problems(cfg) -> list:
+    """The tracking group's keys: the backend, and a URI MLflow can take."""
+    uri = cfg.tracking.uri
+    if cfg.tracking.backend not in ("mlflow", "none"):
+        return [f"tracking.backend={cfg.tracking.backend}: use tracking=mlflow or tracking=none"]
+    if uri and not re.match(r"^(sqlite|https?|file|postgresql|mysql|mssql|databricks)[+a-z0-9]*:", uri):
+        return [f"tracking.uri={redact(uri)}: not an MLflow tracking URI; use e.g. sqlite:///mlflow.db, "
+                f"http://127.0.0.1:5000 or postgresql://user@host:5432/database"]
+    return []

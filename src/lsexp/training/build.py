@@ -3,9 +3,6 @@ the engine's train step around the strategy."""
 
 from __future__ import annotations
 
-import contextlib
-import re
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -28,12 +25,12 @@ def network(cfg):
     return instantiate(cfg.model, _convert_="all")
 
 
-def loss(cfg):
+def loss(cfg, plan):
     """The loss every workload trains on, its gradients as train.mean_over_tokens makes them."""
     from lsexp.config.facts import batch_tokens
     from lsexp.models.loss import loss_cell
 
-    return loss_cell(batch_tokens(cfg), cfg.train.get("mean_over_tokens"))
+    return loss_cell(batch_tokens(cfg), plan.mean_over_tokens)
 
 
 def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_target: str):
@@ -69,7 +66,7 @@ def build(job, last_step: int, net=None):
     if layers:  # after amp, so that the taps take no part in its casts
         taps, injection = install_taps(plan, net, layers)
     advance = with_precision(cfg, plan, net)
-    loss_net = nn.WithLossCell(net, loss(cfg))
+    loss_net = nn.WithLossCell(net, loss(cfg, plan))
     optimizer, recipe = build_optimizer(cfg, net.trainable_params(), job.decided.optimizer_loss_scale,
                                         last_step, job.target)
     options = StepOptions(
@@ -180,34 +177,4 @@ def tapped_copy(cfg, plan, out_dir: Path):
     net = with_amp(cfg, net, out_dir)
     taps, _ = install_taps(plan, net, layers, saturating=False)
     with_precision(cfg, plan, net)
-    return nn.WithLossCell(net, loss(cfg)), taps
-
-
-def bfloat16_refusal(cfg) -> Optional[str]:
-    """amp.dtype=bfloat16 on a CPU: one forward and backward pass of two samples, eagerly, in amp.level's
-    precision. The line naming an operator MindSpore's CPU kernels lack in bfloat16, or None when the
-    pass runs (or the target is not a CPU): preflight refuses the run with it before anything is written,
-    instead of a kernel-selection traceback from the compiled step, and a study shows it in its row."""
-    import mindspore as ms
-
-    from lsexp.runtime import device
-
-    isa = device.onednn_isa(cfg.device)
-    if device.configure(cfg.device, "pynative", cfg.device.threads_num, isa) != "CPU":
-        return None
-    data = load_data(cfg)
-    x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
-    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # O1's rewritten source
-        net = ms.amp.auto_mixed_precision(network(cfg), cfg.amp.level, dtype=ms.bfloat16)
-        loss_net = ms.nn.WithLossCell(net, loss(cfg))
-        try:
-            ms.value_and_grad(loss_net, None, net.trainable_params())(x[:2], y[:2])
-        except (TypeError, RuntimeError) as err:
-            found = re.search(r"Select CPU operator\[(\w+)\]", str(err))
-            if found is None:
-                raise
-            return (f"amp.dtype=bfloat16: MindSpore {ms.__version__}'s CPU kernels have no bfloat16 "
-                    f"{found.group(1)}, which model._target_={cfg.model._target_} needs at "
-                    f"amp.level={cfg.amp.level}; use amp.dtype=float16 with a loss_scale, amp.level=O0, or a "
-                    f"GPU or Ascend device")
-    return None
+    return nn.WithLossCell(net, loss(cfg, plan)), taps

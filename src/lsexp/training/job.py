@@ -14,8 +14,8 @@ from lsexp.training.plan import Plan
 
 @dataclass(frozen=True)
 class Checked:
-    """A config that passed: its strategy, its plan, and for a user's own model or data set the
-    (data, network) the shape probe built, which the step then trains."""
+    """A config that passed: its strategy, its plan, and what the probes of its network built
+    (lsexp.training.probes.Probed, or None), which the step then trains."""
 
     strategy: Any
     plan: Plan

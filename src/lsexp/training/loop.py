@@ -86,7 +86,9 @@ def train(job, history: History, on_done: Optional[Callable] = None) -> dict:
 def _setup(job, history: History) -> _Run:
     started = time.perf_counter()
     cfg, plan, strategy, out_dir, primary = job.cfg, job.plan, job.strategy, job.out_dir, job.primary
-    data, net = job.probed if job.probed is not None else (load_data(cfg), None)
+    probed = job.probed  # what the probes built, if they built the network: the step trains it
+    data = probed.data if probed is not None and probed.data is not None else load_data(cfg)
+    net = probed.net if probed is not None else None
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
     casts = record_casts(cfg, data, out_dir) if primary and plan.records_casts else None
     net, step_cell, taps = build(job, last, net=net)

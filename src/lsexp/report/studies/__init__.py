@@ -21,6 +21,13 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 from lsexp.report.groups import Interval
 
 
+def problems(cfg) -> List[str]:
+    """study: a study lsexp has, or null."""
+    if cfg.study is not None and cfg.study not in available():
+        return [f"study={cfg.study}: no such study; use one of {', '.join(available())} or null"]
+    return []
+
+
 def available() -> List[str]:
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 

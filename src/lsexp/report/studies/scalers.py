@@ -135,7 +135,7 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
     forward and backward pass does not involve the scaler), with amp.dtype=bfloat16."""
     from omegaconf import OmegaConf
 
-    from lsexp.training.build import bfloat16_refusal
+    from lsexp.training.probes import bfloat16_refusal
 
     run = min(runs, key=lambda r: (arm(r) != "none", r.seed))
     path = run.artifact("config.yaml")

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import sys
 from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from omegaconf import DictConfig, OmegaConf
+
+from lsexp.config.errors import Halt, Refused
 
 # option -> (the plugin's package, its config module, the pip extra that installs it)
 PLUGINS: Dict[str, Tuple[str, str, str]] = {
@@ -174,8 +175,9 @@ def close_lost_runs(config: DictConfig, lost: List[Sequence[str]], grace_s: floa
 def interrupted(config: DictConfig, cancelled: List[Sequence[str]]) -> NoReturn:
     """Ctrl-C of a sweep whose jobs run in other processes, after the launcher has cancelled the
     unfinished ones: each ends its run KILLED as it stops, and a run that a job stopped too hard to end
-    is closed here, so nothing stays RUNNING; then one line, and exit 130 as an interrupted job does."""
+    is closed here, so nothing stays RUNNING; then one line, and exit 130 as an interrupted job does
+    (lsexp.app reports the refusal)."""
     close_lost_runs(config, cancelled)
-    print(f"lsexp: interrupted; the sweep's unfinished jobs were cancelled. To continue, run the same "
-          f"command with sweep.resume=true hydra.sweep.dir={config.hydra.sweep.dir}", file=sys.stderr)
-    raise SystemExit(130)
+    raise Halt(Refused(f"lsexp: interrupted; the sweep's unfinished jobs were cancelled. To continue, run "
+                       f"the same command with sweep.resume=true hydra.sweep.dir={config.hydra.sweep.dir}",
+                       exit_code=130))
