@@ -75,24 +75,24 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         if not self.clip:  # with clipping, the unscale is the clip's multiply, after the check
             grads = self.hyper_map(ops.partial(_grad_scale, scaling_sens), grads)
         grads = self.grad_reducer(grads)
-        amax = []
+        amax = {}
         if self.measure_amax:  # the update cell predicts the scale from it (with clipping, still scaled)
             measured, finite = self._amax_and_finite(grads, scale_used if self.clip else None)
             # on CPU the amax's pass is the overflow check; a device's own status register stays
             cond = self.get_overflow_status(status, grads) if self.native_check else ops.logical_not(finite)
             cond = self._checked(cond, flag)
             overflow = self.loss_scaling_manager(self.scale_sense, cond, measured)
-            amax = [measured]
+            amax = {"grad_amax": measured}
         else:
             if self.status_check:  # where MindSpore reads the chip's float status (NPUGetFloatStatusV2)
                 cond = flag
             else:
                 cond = self.get_overflow_status(status, grads)
             overflow = self.process_loss_scale(cond)
-        clip = []
+        clip = {}
         if self.clip:  # the norm of the unscaled gradients; a skipped step is not clipped
             norm, factor = self._clip(grads, ops.cast(scale_used, mstype.float32), True)
-            clip = [norm]
+            clip = {"global_norm": norm}
         if not overflow:
             if self.clip:
                 grads = self._times(factor, grads)
@@ -100,8 +100,12 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         loss = self._schedule_moved(loss)
         # Only finite gradients are applied here, so the parameters stay finite unless the loss
         # itself blows up, which the loss shows: no per-step pass over the parameters.
-        return self._stats(loss, cond, scale_used, overflow, self.one, lr,
-                           telemetry + amax + clip + self._status_column(flag), layers)
+        got = self._first(loss, cond, scale_used, overflow, self.one, lr)
+        got.update(telemetry)
+        got.update(amax)
+        got.update(clip)
+        got.update(self._status(flag))
+        return self._stats(got, layers)
 
 
 class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
@@ -143,10 +147,10 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         else:
             overflow = ops.logical_not(all_finite(grads))
         loss = self._keep_weights(overflow, loss)
-        clip = []
+        clip = {}
         if self.clip:  # of the unscaled gradients; the factor also unscales them when the optimizer does not
             norm, factor = self._clip(grads, self.scale, self.divide)
-            clip = [norm]
+            clip = {"global_norm": norm}
             grads = self._times(factor, grads)
         elif self.divide:
             grads = self._times(self.inverse, grads)
@@ -154,8 +158,11 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         loss = self._schedule_moved(loss)
         # An overflowed update is applied here, so check what it did to the parameters.
         params_finite = all_finite(ops.depend(self.weights, loss))
-        return self._stats(loss, overflow, self.scale, self.zero, params_finite, lr,
-                           telemetry + clip + self._status_column(flag), layers)
+        got = self._first(loss, overflow, self.scale, self.zero, params_finite, lr)
+        got.update(telemetry)
+        got.update(clip)
+        got.update(self._status(flag))
+        return self._stats(got, layers)
 
 
 def build_train_step(strategy, loss_net: nn.Cell, optimizer: nn.Optimizer,

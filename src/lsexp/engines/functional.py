@@ -88,19 +88,19 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         grads = self._advance_and_inject(grads)
         grads, flag = self._saturate(grads, statuses)
         grads = self.grad_reducer(grads)
-        amax = []
+        amax = {}
         if self.measure_amax:  # the scaler predicts from it; its pass is the overflow check too
             measured, finite = self._amax_and_finite(grads, scale)
-            amax = [measured]
+            amax = {"grad_amax": measured}
         if self.status_check:  # where amp.all_finite reads the chip's float status in saturation mode
             finite = ops.logical_not(flag)
         elif not self.measure_amax:
             finite = all_finite(grads)
-        clip = []
+        clip = {}
         if self.drop:
             if self.clip:  # of the unscaled gradients; a skipped step is not clipped
                 norm, factor = self._clip(grads, scale, True)
-                clip = [norm]
+                clip = {"global_norm": norm}
             if finite:
                 if self.clip:  # the clip's one multiply is the scaler's unscale too
                     grads = self._times(factor, grads)
@@ -114,7 +114,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             loss = self._keep_weights(ops.logical_not(finite), loss)
             if self.clip:
                 norm, factor = self._clip(grads, scale, self.divide)
-                clip = [norm]
+                clip = {"global_norm": norm}
                 grads = self._times(factor, grads)
             elif self.divide:
                 grads = self.scaler.unscale(grads)
@@ -122,12 +122,16 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             params_finite = all_finite(ops.depend(self.weights, loss))
             skipped = self.zero
         if self.measure_amax:
-            loss = ops.depend(loss, self.scaler.adjust(finite, amax[0]))
+            loss = ops.depend(loss, self.scaler.adjust(finite, measured))
         elif self.scaler is not None:
             loss = ops.depend(loss, self.scaler.adjust(finite))
         loss = self._schedule_moved(loss)
-        return self._stats(loss, ops.logical_not(finite), scale, skipped, params_finite, lr,
-                           telemetry + amax + clip + self._status_column(flag), layers)
+        got = self._first(loss, ops.logical_not(finite), scale, skipped, params_finite, lr)
+        got.update(telemetry)
+        got.update(amax)
+        got.update(clip)
+        got.update(self._status(flag))
+        return self._stats(got, layers)
 
 
 def build_train_step(strategy, loss_net: nn.Cell, optimizer: nn.Optimizer,

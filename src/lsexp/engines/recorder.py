@@ -14,8 +14,9 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import all_finite
 
-from lsexp.engines import AMAX, CLIP, FP16_MAX, FP16_TINY, STATUS, TELEMETRY
+from lsexp.engines.stats import present
 from lsexp.formats.saturation import saturate_at
+from lsexp.formats.spec import FP16_MAX, FP16_TINY
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -111,6 +112,7 @@ class StepRecorder:
         self._init_precision(o.advance)
         self._init_snapshot(o.histogram)
         self._init_recipe(o.recipe, measure_amax)
+        self.columns = present(self)  # the names of the step's statistics, in its vector's order
 
     def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
                        inject_graph: bool = False, accumulate_steps: int = 1, micro_batch: int = 0):
@@ -239,8 +241,8 @@ class StepRecorder:
             return flag
         return values_overflow
 
-    def _status_column(self, flag) -> list:
-        return [ops.cast(flag, mstype.float32)] if self.saturation else []
+    def _status(self, flag) -> dict:
+        return {"float_status": ops.cast(flag, mstype.float32)} if self.saturation else {}
 
     def _keep_weights(self, overflow, anchor):
         if self.keep:
@@ -254,9 +256,6 @@ class StepRecorder:
         self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
         self.advance = recipe.advance_schedule
         self.step_one = Tensor([1], mstype.int32)
-        # clipping's last, so that the loop's `clipped` lands beside it
-        self.columns = ("lr",) + (TELEMETRY if self.telemetry else ()) + (AMAX if measure_amax else ()) + (
-            CLIP if self.clip else ()) + (STATUS if self.saturation else ())
 
     def _lr(self):
         """The learning rate this step's update uses, or would use if it is skipped: read before the
@@ -336,13 +335,14 @@ class StepRecorder:
                                            requires_grad=False)
 
     def _observe(self, scaled_grads, scale, loss):
-        """(telemetry.grads' statistics or [], loss ordered after the snapshot of histogram steps)."""
+        """(telemetry.grads' statistics by name or {}, loss ordered after the snapshot of histogram
+        steps)."""
         if not (self.telemetry or self.snap):
-            return [], loss
+            return {}, loss
         flat = ops.concat(self.hyper_map(_flatten, scaled_grads))
         if self.snap:
             loss = ops.depend(loss, ops.assign(self.grad_snapshot, flat))
-        return (self._grad_telemetry(flat, scale) if self.telemetry else []), loss
+        return (self._grad_telemetry(flat, scale) if self.telemetry else {}), loss
 
     def _grad_telemetry(self, flat, scale):
         """The gradients as backprop computed them (flattened), scaled by `scale`: their unscaled global
@@ -358,21 +358,20 @@ class StepRecorder:
         )  # inf, nan too
         norm = ops.sqrt((flat * flat).sum()) / ops.cast(scale, mstype.float32).reshape(())
         headroom = ops.log2(self.fp16_max / magnitude.max())
-        return [norm, under, over, zero, headroom]
+        return {"grad_norm": norm, "underflow_fraction": under, "overflow_fraction": over,
+                "zero_fraction": zero, "headroom_log2": headroom}
 
-    def _stats(self, loss, overflow, scale, skipped, params_finite, lr, extra=(), layers=None):
-        # Every op here is a kernel launch on an executor-bound CPU step: cast only what is not float32.
-        stats = ops.stack(
-            [
-                ops.cast(loss, mstype.float32).reshape(()),
-                ops.cast(overflow, mstype.float32),
-                scale.reshape(()),
-                ops.cast(skipped, mstype.float32),
-                ops.cast(params_finite, mstype.float32),
-                lr,
-                *extra,
-            ]
-        )
-        if layers is not None:  # the taps' statistics, last
+    def _first(self, loss, overflow, scale, skipped, params_finite, lr) -> dict:
+        """The statistics every step reports (lsexp.engines.stats), as float32 scalars. Every op here is
+        a kernel launch on an executor-bound CPU step: cast only what is not float32."""
+        return {"loss": ops.cast(loss, mstype.float32).reshape(()),
+                "overflow": ops.cast(overflow, mstype.float32), "loss_scale": scale.reshape(()),
+                "skipped": ops.cast(skipped, mstype.float32),
+                "params_finite": ops.cast(params_finite, mstype.float32), "lr": lr}
+
+    def _stats(self, got, layers=None):
+        """The step's one vector: its statistics by name in lsexp.engines.stats' order, then the taps'."""
+        stats = ops.stack([got[name] for name in self.columns])
+        if layers is not None:
             stats = ops.concat((stats, layers))
         return stats

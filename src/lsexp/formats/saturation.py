@@ -15,13 +15,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from mindspore import dtype as mstype
 from mindspore import ops
 
-FP16_MAX = 65504.0
-BF16_MAX = float(np.float32(3.3895313892515355e38))  # 0x7F7F: bfloat16's largest finite value
-FP32_MAX = float(np.finfo(np.float32).max)
+from lsexp.formats.spec import BF16_MAX, FP16_MAX, FP32_MAX
 
 KERNELS = Path(__file__).with_name("saturation.cc")
 FALLBACK = "saturation runs in MindSpore ops, slower on CPU"  # said where KERNELS cannot be built

@@ -6,6 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
+# The IEEE types the steps compute in. float16's smallest subnormal and largest finite value: a scaled
+# gradient below the first flushes to zero, above the second overflows (Micikevicius et al. 2018).
+FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
+BF16_MAX = (2 - 2.0**-7) * 2.0**127  # 0x7F7F
+FP32_MAX = (2 - 2.0**-23) * 2.0**127
+
 
 @dataclass(frozen=True)
 class Format:

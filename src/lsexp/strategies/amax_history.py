@@ -30,11 +30,11 @@ from mindspore import dtype as mstype
 from mindspore.amp import StaticLossScaler
 from mindspore.graph.api import jit_class
 
+from lsexp.formats.spec import FP16_MAX
 from lsexp.strategies.amax_history_schema import STATE
 from lsexp.strategies.manager import InStepLossScaleManager, InStepUpdateCell
 
 # the largest scaled gradient must stay below float16's largest finite value
-FP16_MAX = float(np.finfo(np.float16).max)
 
 
 class _AmaxHistoryState:

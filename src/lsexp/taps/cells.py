@@ -20,9 +20,9 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 
 from lsexp.formats.cast import amax
+from lsexp.formats.spec import FP16_MAX, FP16_TINY
 from lsexp.taps import ENTRY_STATS, EXIT_STATS, STATS
 
-FP16_TINY, FP16_MAX = 2.0**-24, 65504.0
 _FLOATS = (mstype.float16, mstype.float32, mstype.bfloat16, mstype.float64)
 
 

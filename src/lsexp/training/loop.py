@@ -14,6 +14,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
+from lsexp.engines.stats import Layout
 from lsexp.runtime import device
 from lsexp.training import checkpoint
 from lsexp.training.build import build, load_data, record_casts
@@ -45,9 +46,8 @@ class _Run:
     progress: "_Progress"
     started: float
     batch_cfg: Any = None  # the dataset config at a step's batch: accumulate_steps micro-batches
-    columns: tuple = ()  # the step's stats after its five: lr, clipping's, telemetry's
+    layout: Any = None  # lsexp.engines.stats.Layout: how the step's vector reads by name
     clip_at: Optional[float] = None  # optimizer.clip_grad_norm, as float32, as the step compares it
-    unmeasured: tuple = ()  # the columns an overflowed step has no value for: headroom_log2, grad_amax
     save_every: Optional[int] = None  # train.save_checkpoint_steps on rank 0 with train.checkpoint
     layers: Any = None  # lsexp.taps.cells.Taps whose statistics the step reports (telemetry=layers)
     layer_table: Any = None  # lsexp.training.telemetry.LayerTable: every step's rows for layers.csv
@@ -134,9 +134,8 @@ def _setup(job, history: History) -> _Run:
         step=done,
         save_every=cfg.train.save_checkpoint_steps if cfg.train.checkpoint and primary else None,
         batch_cfg=_step_batches(cfg),
-        columns=step_cell.columns,
+        layout=Layout(step_cell.columns),
         clip_at=None if (clip := cfg.optimizer.clip_grad_norm) is None else float(np.float32(clip)),
-        unmeasured=tuple(c for c in ("headroom_log2", "grad_amax") if c in step_cell.columns),
         **_taps(job, taps, step_cell),
     )
 
@@ -201,29 +200,23 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
     """One train step and its row; True when the run must stop (diverged or collapsed)."""
     run.step += 1
     step = run.step
-    values = run.step_cell(x, y).asnumpy().tolist()  # the step's one host sync
+    got, layers = run.layout.read(run.step_cell(x, y).asnumpy().tolist())  # the step's one host sync
     if step == run.done + 1 and run.cpus:
         device.bind_threads(list(run.cpus))
-    loss, overflow, scale, skip, params_finite = values[:5]
+    loss, overflow, scale, skip = got["loss"], got["overflow"], got["loss_scale"], got["skipped"]
     if run.probe is not None and step in run.probe_steps:  # the gradients this step kept
         run.probe.capture(step, scale)
     run.skipped += int(skip)
-    row = {
-        "step": step,
-        "epoch": epoch + 1,
-        "loss": loss,
-        "loss_scale": scale,
-        "overflow": int(overflow),
-        "skipped_steps": run.skipped,
-    }
-    row.update(zip(run.columns, values[5:5 + len(run.columns)]))  # lr, then telemetry's and clipping's norm
+    row = {"step": step, "epoch": epoch + 1, "loss": loss, "loss_scale": scale, "overflow": int(overflow),
+           "skipped_steps": run.skipped}
+    row.update((name, got[name]) for name in run.layout.history if name not in row)
     if run.clip_at is not None:  # the norm above clip_norm on a step that updated: it clipped
         row["clipped"] = int(not skip and row["global_norm"] > run.clip_at)
     if overflow:  # no headroom and no amax on a step whose gradients overflowed
-        for column in run.unmeasured:
+        for column in run.layout.unmeasured:
             row[column] = math.nan
     if run.layer_table is not None:  # the taps' statistics follow the rest
-        row.update(run.layer_table.add(step, scale, overflow, values[5 + len(run.columns):]))
+        row.update(run.layer_table.add(step, scale, overflow, layers))
     if run.precision_table is not None:  # counted by the casts' own kernels, read before a replay's
         row.update(run.precision_table.add(step, overflow))
     if run.locator is not None:
@@ -232,7 +225,7 @@ def _step(run: _Run, epoch: int, x, y) -> bool:
     run.progress.update(loss, scale)
     if run.save_every and step % run.save_every == 0:  # read once in _setup: config lookups cost per step
         checkpoint.save(run.step_cell, run.out_dir / checkpoint.CHECKPOINT, step, run.skipped)
-    if not math.isfinite(loss) or not params_finite:
+    if not math.isfinite(loss) or not got["params_finite"]:
         run.diverged_at = step
         return True
     return run.collapse.at(step, scale, overflow)

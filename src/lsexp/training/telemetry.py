@@ -21,7 +21,7 @@ from typing import List
 
 import numpy as np
 
-from lsexp.engines import FP16_MAX, FP16_TINY
+from lsexp.formats.spec import FP16_MAX, FP16_TINY
 from lsexp.taps import EXIT_STATS
 
 LAYER_COLUMNS = ("step", "loss_scale", "parameter", "elements", "zero", "underflow", "overflow", "norm",
