@@ -144,7 +144,7 @@ class _Network(nn.Cell):
 
 class _TrainStep(nn.Cell):
     """The order lsexp's cell engine calls the states in (lsexp.engines.cell's construct with
-    lsexp.engines.recorder's _begin, single process): each state's advance() made a dependency of the
+    lsexp.engines.body's _begin, single process): each state's advance() made a dependency of the
     first input, then the forward pass for the loss, then GradOperation over it with a sensitivity made
     from the loss, and its bprop (note()). The gradient's forward pass does not run record() a second time:
     MindSpore 2.10 runs a forward pass's side effects once a step (measured with an AssignAdd), so a

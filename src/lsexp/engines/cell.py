@@ -21,10 +21,10 @@ from mindspore.amp import all_finite
 # private: the unscaling map TrainOneStepWithLossScaleCell applies, so this cell does exactly what it does
 from mindspore.nn.wrap.loss_scale import _grad_scale
 
-from lsexp.engines.recorder import StepOptions, StepRecorder
+from lsexp.engines.body import StepBody, StepOptions
 
 
-class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
+class LossScaleTrainStep(StepBody, nn.TrainOneStepWithLossScaleCell):
     """nn.TrainOneStepWithLossScaleCell with a CPU-capable overflow check; used for drop and dynamic."""
 
     def __init__(self, network, optimizer, scale_sense, options: StepOptions = StepOptions(),
@@ -48,7 +48,8 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         return ops.logical_not(all_finite(compute_output))
 
     def construct(self, *inputs):
-        # The body of TrainOneStepWithLossScaleCell.construct, plus injection, the recipe and stats.
+        # The body of TrainOneStepWithLossScaleCell.construct, plus injection, what is done around the
+        # update, and stats.
         lr = self._lr()
         inputs = self._begin(inputs)
         scaling_sens = self.scale_sense
@@ -108,7 +109,7 @@ class LossScaleTrainStep(StepRecorder, nn.TrainOneStepWithLossScaleCell):
         return self._stats(got, layers)
 
 
-class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
+class NoDropTrainStep(StepBody, nn.TrainOneStepCell):
     """What ms.Model builds for FixedLossScaleManager(drop_overflow_update=False): a TrainOneStepCell
     whose sens is the loss scale, with the optimizer's own loss_scale dividing the gradients; and,
     with sens 1, what it builds without a manager (loss_scale=none). The update is always applied;
@@ -119,7 +120,7 @@ class NoDropTrainStep(StepRecorder, nn.TrainOneStepCell):
         self._init_step(options, keep_weights=options.keep_weights)
         self.scale = Tensor(sens, mstype.float32)
         # the optimizer takes no loss_scale: the step takes the scale off the gradients first
-        self.divide = sens != 1 and not options.recipe.optimizer_divides
+        self.divide = sens != 1 and not options.optimizer_divides
         self.inverse = Tensor(1.0 / sens, mstype.float32)
 
     def scale_now(self) -> float:

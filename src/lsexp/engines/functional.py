@@ -24,7 +24,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore import dtype as mstype
 from mindspore.amp import all_finite
 
-from lsexp.engines.recorder import StepOptions, StepRecorder
+from lsexp.engines.body import StepBody, StepOptions
 
 
 def _grad_reducer(weights):
@@ -39,7 +39,7 @@ def _grad_reducer(weights):
     return nn.Identity()
 
 
-class FunctionalTrainStep(StepRecorder, nn.Cell):
+class FunctionalTrainStep(StepBody, nn.Cell):
     """One step of the custom loop; a Cell only so that checkpoints and graph mode take it whole."""
 
     def __init__(self, network, optimizer, scaler, drop_overflow_update, options: StepOptions = StepOptions(),
@@ -53,7 +53,7 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         self.grad_reducer = _grad_reducer(self.weights)
         self._init_step(options, options.keep_weights and not drop_overflow_update, measure_amax)
         # fixed_nodrop with an optimizer that takes no loss_scale: the step unscales before the update
-        self.divide = not drop_overflow_update and scaler is not None and not options.recipe.optimizer_divides
+        self.divide = not drop_overflow_update and scaler is not None and not options.optimizer_divides
         # The scaler's Parameters as the Cell's own, so that a checkpoint saves and restores them.
         for name, value in (vars(scaler) if scaler is not None else {}).items():
             if isinstance(value, Parameter):
@@ -74,6 +74,35 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
         loss = self.network(*inputs)
         scaled = loss if self.scaler is None else self.scaler.scale(loss)
         return scaled, loss
+
+    def _update_if_finite(self, grads, scale, finite, loss):
+        """(loss, clipping's statistics, parameters finite, skipped): the update applied only where the
+        gradients are finite."""
+        clip = {}
+        if self.clip:  # of the unscaled gradients; a skipped step is not clipped
+            norm, factor = self._clip(grads, scale, True)
+            clip = {"global_norm": norm}
+        if finite:
+            if self.clip:  # the clip's one multiply is the scaler's unscale too
+                grads = self._times(factor, grads)
+            else:
+                grads = self.scaler.unscale(grads)
+            loss = ops.depend(loss, self.optimizer(grads))
+        return loss, clip, self.one, ops.logical_not(finite)
+
+    def _update_always(self, grads, scale, finite, loss):
+        """fixed_nodrop's update, applied whatever the gradients hold: the optimizer's own loss_scale
+        unscales, or the step does for one without; the parameters are checked after it."""
+        loss = self._keep_weights(ops.logical_not(finite), loss)
+        clip = {}
+        if self.clip:
+            norm, factor = self._clip(grads, scale, self.divide)
+            clip = {"global_norm": norm}
+            grads = self._times(factor, grads)
+        elif self.divide:
+            grads = self.scaler.unscale(grads)
+        loss = ops.depend(loss, self.optimizer(grads))
+        return loss, clip, all_finite(ops.depend(self.weights, loss)), self.zero
 
     def construct(self, *inputs):
         scale = self.one if self.scaler is None else ops.assign(self.scale_used, self.scaler.scale_value)
@@ -96,31 +125,10 @@ class FunctionalTrainStep(StepRecorder, nn.Cell):
             finite = ops.logical_not(flag)
         elif not self.measure_amax:
             finite = all_finite(grads)
-        clip = {}
         if self.drop:
-            if self.clip:  # of the unscaled gradients; a skipped step is not clipped
-                norm, factor = self._clip(grads, scale, True)
-                clip = {"global_norm": norm}
-            if finite:
-                if self.clip:  # the clip's one multiply is the scaler's unscale too
-                    grads = self._times(factor, grads)
-                else:
-                    grads = self.scaler.unscale(grads)
-                loss = ops.depend(loss, self.optimizer(grads))
-            params_finite = self.one
-            skipped = ops.logical_not(finite)
+            loss, clip, params_finite, skipped = self._update_if_finite(grads, scale, finite, loss)
         else:
-            # fixed_nodrop: the optimizer's own loss_scale unscales, or the step does for one without
-            loss = self._keep_weights(ops.logical_not(finite), loss)
-            if self.clip:
-                norm, factor = self._clip(grads, scale, self.divide)
-                clip = {"global_norm": norm}
-                grads = self._times(factor, grads)
-            elif self.divide:
-                grads = self.scaler.unscale(grads)
-            loss = ops.depend(loss, self.optimizer(grads))
-            params_finite = all_finite(ops.depend(self.weights, loss))
-            skipped = self.zero
+            loss, clip, params_finite, skipped = self._update_always(grads, scale, finite, loss)
         if self.measure_amax:
             loss = ops.depend(loss, self.scaler.adjust(finite, measured))
         elif self.scaler is not None:

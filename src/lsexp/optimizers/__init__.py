@@ -3,9 +3,9 @@
 
 Momentum, SGD and Adam take a `loss_scale` and divide the gradients by it, which is how ms.Model
 leaves fixed_nodrop's gradients scaled for the optimizer. AdamWeightDecay and Lamb take none: under
-fixed_nodrop the train step divides the gradients itself before the update (lsexp.engines.recorder's
-Recipe), so every strategy runs with every optimizer. Each family is its `<name>_schema.py` here
-and its YAML under conf/optimizer/; nothing here names them.
+fixed_nodrop the train step divides the gradients itself before the update (lsexp.engines.body's
+StepOptions.optimizer_divides), so every strategy runs with every optimizer. Each family is its
+`<name>_schema.py` here and its YAML under conf/optimizer/; nothing here names them.
 """
 
 from __future__ import annotations

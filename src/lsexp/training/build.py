@@ -34,19 +34,17 @@ def loss(cfg, plan):
 
 
 def build_optimizer(cfg, params, loss_scale: float, run_steps: int, device_target: str):
-    """(optimizer, recipe): the optimizer group at the lr_schedule group's learning rate, with the
-    loss_scale the strategy leaves the gradients scaled by where its class takes one, and what the train
-    step does around its update."""
+    """(optimizer, what the train step does around its update): the optimizer group at the lr_schedule
+    group's learning rate, with the loss_scale the strategy leaves the gradients scaled by where its
+    class takes one."""
     from lsexp import optimizers, schedules
     from lsexp.config.facts import gradient_divisor
-    from lsexp.engines.recorder import Recipe
 
     learning_rate, advances = schedules.build(cfg.lr_schedule, cfg.optimizer.learning_rate, run_steps)
     optimizer = optimizers.build(cfg.optimizer, params, learning_rate, loss_scale, device_target,
                                  gradient_divisor(cfg))
-    return optimizer, Recipe(clip_grad_norm=cfg.optimizer.clip_grad_norm,
-                             optimizer_divides=optimizers.divides_itself(cfg.optimizer),
-                             advance_schedule=advances)
+    return optimizer, dict(clip_grad_norm=cfg.optimizer.clip_grad_norm, advance_schedule=advances,
+                           optimizer_divides=optimizers.divides_itself(cfg.optimizer))
 
 
 def build(job, last_step: int, net=None):
@@ -56,7 +54,7 @@ def build(job, last_step: int, net=None):
     from hydra.utils import get_method
     from mindspore import nn
 
-    from lsexp.engines.recorder import StepOptions
+    from lsexp.engines.body import StepOptions
 
     cfg, plan = job.cfg, job.plan
     net = network(cfg) if net is None else net
@@ -67,15 +65,16 @@ def build(job, last_step: int, net=None):
         taps, injection = install_taps(plan, net, layers)
     advance = with_precision(cfg, plan, net)
     loss_net = nn.WithLossCell(net, loss(cfg, plan))
-    optimizer, recipe = build_optimizer(cfg, net.trainable_params(), job.decided.optimizer_loss_scale,
+    optimizer, around = build_optimizer(cfg, net.trainable_params(), job.decided.optimizer_loss_scale,
                                         last_step, job.target)
+    saturation = step_saturation(cfg, plan, taps, job.target) if plan.saturation else {}
     options = StepOptions(
-        recipe=recipe, inject_steps=plan.injects_on(job.rank), last_step=last_step,
-        native_check=job.target != "CPU", telemetry=plan.grads, histogram=bool(plan.histogram_steps),
-        inject_graph=bool(plan.inject_steps), accumulate_steps=plan.accumulate_steps,
-        micro_batch=plan.micro_batch, probes=taps.probes(entry=False) if plan.observe_layers else (),
+        inject_steps=plan.injects_on(job.rank), last_step=last_step, native_check=job.target != "CPU",
+        telemetry=plan.grads, histogram=bool(plan.histogram_steps), inject_graph=bool(plan.inject_steps),
+        accumulate_steps=plan.accumulate_steps, micro_batch=plan.micro_batch,
+        probes=taps.probes(entry=False) if plan.observe_layers else (),
         layer_factor=None if injection is None else injection.factor, keep_weights=plan.locate,
-        advance=advance, saturation=step_saturation(cfg, plan, taps, job.target) if plan.saturation else None)
+        advance=advance, **around, **saturation)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
     step_cell = build_train_step(job.strategy, loss_net, optimizer, options)
     step_cell.set_train()
@@ -112,17 +111,17 @@ def with_precision(cfg, plan, net) -> list:
     return delayed_scales(install(net, cfg.precision))
 
 
-def step_saturation(cfg, plan, taps, target: str):
-    """What the train step takes of device.overflow_mode=saturation: the taps' status probes, whether its
-    check reads the emulated flag (device.status_check), and where a parameter gradient saturates."""
-    from lsexp.engines.recorder import Saturation
+def step_saturation(cfg, plan, taps, target: str) -> dict:
+    """What the train step takes of device.overflow_mode=saturation (lsexp.engines.body.StepOptions): the
+    taps' status probes, whether its check reads the emulated flag, and where a parameter gradient
+    saturates."""
     from lsexp.formats.saturation import BF16_MAX, FALLBACK, FP16_MAX, KERNELS, Kernels
     from lsexp.runtime.native import built
 
     largest = FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX
     lib = built(KERNELS, FALLBACK) if target == "CPU" else None
-    return Saturation(tuple(taps.status_probes()), plan.status_check, largest,
-                      Kernels(lib).rule_as(largest) if lib else None)
+    return dict(saturation=True, status_probes=tuple(taps.status_probes()), status_check=plan.status_check,
+                grad_largest=largest, grad_rule=Kernels(lib).rule_as(largest) if lib else None)
 
 
 def tapped_layers(plan, net) -> dict:

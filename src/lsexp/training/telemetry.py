@@ -1,6 +1,6 @@
 """Gradient telemetry at chosen steps: the per-layer breakdown and log2|g| histograms.
 
-The per-step statistics are computed inside the compiled step (engines.recorder._grad_telemetry). At
+The per-step statistics are computed inside the compiled step (engines.body.StepBody._grad_telemetry). At
 `telemetry.histogram_steps` lsexp also reads the step's gradients on the host, after the step, from the
 flattened copy the step keeps of them (lsexp_grad_snapshot), and writes:
 

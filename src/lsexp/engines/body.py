@@ -1,13 +1,13 @@
-"""What both engines' train steps share: the step counter, overflow injection inside the compiled step,
-the recipe around the update (the learning rate the step uses, clipping of the unscaled gradients, a
-schedule that moves on skipped steps), and one small stats vector per step (loss, overflow, scale used,
-update skipped, parameters finite, learning rate, and with clipping or telemetry their figures), so
-recording costs the single host sync that reading the loss needs anyway."""
+"""The step body both engines' train steps share: the step counter, overflow injection inside the
+compiled step, what is done around the update (the learning rate the step uses, clipping of the
+unscaled gradients, a schedule that moves on skipped steps), the taps', a precision recipe's and
+saturation's parts of the step, and one small stats vector per step (lsexp.engines.stats), so recording
+costs the single host sync that reading the loss needs anyway."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Optional
 
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
@@ -45,31 +45,6 @@ def _saturate_grad(largest, grad):
 
 
 @dataclass(frozen=True)
-class Saturation:
-    """device.overflow_mode=saturation, as the train step takes it."""
-
-    probes: tuple  # the taps' status probes (lsexp.taps.cells.Taps.status_probes)
-    status_check: bool  # device.status_check: the overflow check reads the emulated flag, not the values
-    grad_largest: float  # where a non-finite parameter gradient saturates: amp.dtype's largest value
-    # lsexp.formats.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
-    # cheaper than the branch that runs MindSpore ops only on a step that needs them (None: that branch)
-    grad_rule: Optional[object] = None
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """What the train step does around the optimizer's update, beside the strategy."""
-
-    clip_grad_norm: Optional[float] = None  # the unscaled gradients' global norm is clipped to this
-    # False: the optimizer takes no loss_scale (AdamWeightDecay, Lamb), so gradients that would reach it
-    # scaled (fixed_nodrop) are divided by the scale in the step first
-    optimizer_divides: bool = True
-    # lr_schedule.on_skip=advance: the step moves the schedule's own counter (the `step` Parameter of
-    # lsexp.schedules.cells.OnOwnCounter, the optimizer's learning_rate) every step
-    advance_schedule: bool = False
-
-
-@dataclass(frozen=True)
 class StepOptions:
     """What the train step does beside the strategy, as lsexp.training.build decides it from the run's
     plan. Under data parallel every rank compiles the same graph: a rank that injects nothing (inject.rank
@@ -77,7 +52,6 @@ class StepOptions:
     micro-batches: micro-batch m (1-based, across the run) is the ((m - 1) % k + 1)-th of optimizer step
     ceil(m / k)."""
 
-    recipe: Recipe = Recipe()
     inject_steps: tuple = ()  # the steps whose gradients this rank poisons
     last_step: int = 0
     native_check: bool = False  # the device's own overflow status, not amp.all_finite
@@ -86,11 +60,28 @@ class StepOptions:
     inject_graph: bool = False  # some rank injects: every rank's graph carries the injection table
     accumulate_steps: int = 1
     micro_batch: int = 0  # dataset.batch_size: one micro-batch's samples
+    # around the update: the unscaled gradients' global norm is clipped to clip_grad_norm; without
+    # optimizer_divides the optimizer takes no loss_scale (AdamWeightDecay, Lamb), so gradients that would
+    # reach it scaled (fixed_nodrop) are divided by the scale in the step first; with advance_schedule
+    # (lr_schedule.on_skip=advance) the step moves the schedule's own counter (the `step` Parameter of
+    # lsexp.schedules.cells.OnOwnCounter, the optimizer's learning_rate) every step
+    clip_grad_norm: Optional[float] = None
+    optimizer_divides: bool = True
+    advance_schedule: bool = False
     probes: tuple = ()  # the taps' probe Parameters (telemetry=layers)
     layer_factor: Any = None  # inject.layer's factor Parameter, or None
     keep_weights: bool = False  # telemetry.locate: an overflowed step that updates keeps its weights
     advance: tuple = ()  # the delayed scales of a precision recipe, advanced before each forward pass
-    saturation: Optional[Saturation] = None  # device.overflow_mode=saturation, or None
+    # device.overflow_mode=saturation: the taps' status probes (lsexp.taps.cells.Taps.status_probes),
+    # whether the overflow check reads the emulated flag (device.status_check), where a non-finite
+    # parameter gradient saturates (amp.dtype's largest value), and the saturation rule's kernels for it
+    # (lsexp.formats.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
+    # cheaper than the branch that runs MindSpore ops only on a step that needs them; None: that branch)
+    saturation: bool = False
+    status_probes: tuple = ()
+    status_check: bool = False
+    grad_largest: Optional[float] = None
+    grad_rule: Optional[object] = None
 
 
 def _world() -> int:
@@ -99,28 +90,28 @@ def _world() -> int:
     return get_group_size() if GlobalComm.INITED else 1
 
 
-class StepRecorder:
-    """Step counter, injection and stats shared by both train-step cells."""
+class StepBody:
+    """The step body shared by both train-step cells: what they do beside the strategy."""
 
     def _init_step(self, options: StepOptions, keep_weights: bool, measure_amax: bool = False):
         """Everything the step does beside the strategy, from its options; keep_weights as the engine
         allows (a step that skips overflowed updates has nothing to keep)."""
         o = options
-        self._init_recorder(o.inject_steps, o.last_step, o.native_check, o.telemetry, o.inject_graph,
-                            o.accumulate_steps, o.micro_batch)
-        self._init_taps(o.probes, o.layer_factor, keep_weights, o.saturation)
+        self._init_counter(o)
+        self._init_taps(o, keep_weights)
         self._init_precision(o.advance)
         self._init_snapshot(o.histogram)
-        self._init_recipe(o.recipe, measure_amax)
+        self._init_update(o, measure_amax)
         self.columns = present(self)  # the names of the step's statistics, in its vector's order
 
-    def _init_recorder(self, inject_steps: Iterable[int], last_step: int, native_check: bool, telemetry: bool,
-                       inject_graph: bool = False, accumulate_steps: int = 1, micro_batch: int = 0):
-        self.native_check = native_check
+    def _init_counter(self, o: StepOptions):
+        """The step counter, injection's table, and the micro-batches of accumulation."""
+        inject_steps, last_step, accumulate_steps = o.inject_steps, o.last_step, o.accumulate_steps
+        self.native_check = o.native_check
         # train.accumulate_steps: the step's batch is k micro-batches of micro_batch samples each
-        self.k, self.micro_batch = accumulate_steps, micro_batch
+        self.k, self.micro_batch = accumulate_steps, o.micro_batch
         self.one_kth = Tensor(1.0 / accumulate_steps, mstype.float32)
-        self.telemetry = telemetry
+        self.telemetry = o.telemetry
         self.tiny = Tensor(FP16_TINY, mstype.float32)
         self.fp16_max = Tensor(FP16_MAX, mstype.float32)
         self.hyper_map = ops.HyperMap()
@@ -130,7 +121,7 @@ class StepRecorder:
         steps = sorted(set(inject_steps))
         # Data parallel ranks must compile the same graph, so that their gradient all-reduces line up:
         # a rank that injects nothing still carries the (all-false) injection table then.
-        self.inject = bool(steps) or inject_graph
+        self.inject = bool(steps) or o.inject_graph
         table = np.zeros(last_step * accumulate_steps + 2, dtype=np.bool_)  # by micro-batch
         table[steps] = True
         self.inject_table = Tensor(table)
@@ -138,20 +129,20 @@ class StepRecorder:
         self.one = Tensor(1.0, mstype.float32)
         self.zero = Tensor(0.0, mstype.float32)
 
-    def _init_taps(self, probes=(), layer_factor=None, keep_weights=False, saturation=None):
-        """lsexp.taps' side of the step. probes: the taps' probe Parameters, whose gradients, taken with the
-        weights', carry each layer's statistics out (telemetry=layers); they follow the step's other stats.
-        layer_factor: inject.layer's factor, set before the forward pass (the weight gradients are then
-        not poisoned). keep_weights: a step that applies every update keeps the weights it started from
-        when it overflows, so that the locator can replay it. saturation: device.overflow_mode=saturation's
-        Saturation (the taps' status probes and whether the overflow check reads the flag), or None."""
+    def _init_taps(self, o: StepOptions, keep_weights: bool):
+        """lsexp.taps' side of the step. The probes: the taps' probe Parameters, whose gradients, taken with
+        the weights', carry each layer's statistics out (telemetry=layers); they follow the step's other
+        stats. layer_factor: inject.layer's factor, set before the forward pass (the weight gradients are
+        then not poisoned). keep_weights: a step that applies every update keeps the weights it started
+        from when it overflows, so that the locator can replay it. And saturation's status probes."""
+        probes, layer_factor = o.probes, o.layer_factor
         self.n_weights = len(self.weights)
         self.probes = len(probes)
-        self.saturation = saturation is not None
-        statuses = list(saturation.probes) if self.saturation else []
-        self.status_check = self.saturation and saturation.status_check
-        self.grad_largest = saturation.grad_largest if self.saturation else None
-        self.grad_rule = saturation.grad_rule if self.saturation else None
+        self.saturation = o.saturation
+        statuses = list(o.status_probes) if self.saturation else []
+        self.status_check = self.saturation and o.status_check
+        self.grad_largest = o.grad_largest if self.saturation else None
+        self.grad_rule = o.grad_rule if self.saturation else None
         extra = list(probes) + statuses
         self.grad_params = ParameterTuple(list(self.weights) + extra) if extra else self.weights
         self.layer_inject = layer_factor is not None
@@ -250,11 +241,11 @@ class StepRecorder:
                 anchor = ops.depend(anchor, self.hyper_map(ops.assign, self.shadow, self.weights))
         return anchor
 
-    def _init_recipe(self, recipe: Recipe, measure_amax: bool = False):
+    def _init_update(self, o: StepOptions, measure_amax: bool = False):
         self.measure_amax = measure_amax
-        self.clip = recipe.clip_grad_norm is not None
-        self.clip_norm = Tensor(recipe.clip_grad_norm or 1.0, mstype.float32)
-        self.advance = recipe.advance_schedule
+        self.clip = o.clip_grad_norm is not None
+        self.clip_norm = Tensor(o.clip_grad_norm or 1.0, mstype.float32)
+        self.advance = o.advance_schedule
         self.step_one = Tensor([1], mstype.int32)
 
     def _lr(self):
