@@ -5,6 +5,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from conftest import run_cli
 
 COUNTING = '''
@@ -71,3 +73,31 @@ def test_what_a_job_imports_before_its_tracker_opens_imports_no_mindspore():
             "lsexp.scaleout.msrun; print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+COUNT_LENET5 = """\
+import atexit, sys
+from lsexp.models import lenet5
+built = []
+init = lenet5.LeNet5.__init__
+def counted(self, *args, **kwargs):
+    built.append(1)
+    init(self, *args, **kwargs)
+lenet5.LeNet5.__init__ = counted
+atexit.register(lambda: print("built", len(built)))
+sys.argv = ["lsexp", *sys.argv[1:]]
+from lsexp.app import main
+main()
+"""
+
+
+@pytest.mark.parametrize("amp,built", [("O2", 1), ("auto", 2)])
+def test_a_run_builds_its_network_once_before_the_step_and_once_more_for_its_cast_map(tmp_path, amp, built):
+    """The probes of the network (its layers for the taps, here) build the network the step then trains;
+    only the cast map of amp=auto (or a cast list) compiles a copy of its own."""
+    out = subprocess.run([sys.executable, "-c", COUNT_LENET5, "train.max_steps=3", "tracking=none",
+                          "train.progress=false", "telemetry=layers", "inject.layer=fc2",
+                          "inject.overflow_steps=[2]", f"amp={amp}"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == f"built {built}"
