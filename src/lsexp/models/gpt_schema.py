@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from typing import List
 
 from lsexp.config.schema import ModelConfig
+from lsexp.models import attention_size_problems
 
 
 @dataclass
@@ -22,18 +23,8 @@ SCHEMA = GPTConfig
 
 
 def problems(cfg) -> List[str]:
-    m, d, p = cfg.model, cfg.dataset, []
-    if d.get("task") != "lm":
-        name = d._target_.rsplit(".", 1)[-1]
-        return [f"model._target_={m._target_} with dataset {name}: a language model needs text; use "
+    if cfg.dataset.get("task") != "lm":
+        name = cfg.dataset._target_.rsplit(".", 1)[-1]
+        return [f"model._target_={cfg.model._target_} with dataset {name}: a language model needs text; use "
                 f"dataset=python_source or dataset=text"]
-    for key in ("vocab_size", "max_len", "num_layers", "d_model", "nhead", "dim_feedforward"):
-        if m[key] < 1:
-            p.append(f"model.{key}={m[key]}: must be >= 1")
-    if m.nhead >= 1 and m.d_model >= 1 and m.d_model % m.nhead:
-        p.append(f"model.d_model={m.d_model} with model.nhead={m.nhead}: d_model must be a multiple of nhead")
-    if not 0 <= m.dropout < 1:
-        p.append(f"model.dropout={m.dropout}: must be in [0, 1)")
-    if m.max_len < d.seq_len:
-        p.append(f"model.max_len={m.max_len}: shorter than dataset.seq_len={d.seq_len}; raise it")
-    return p
+    return attention_size_problems(cfg)

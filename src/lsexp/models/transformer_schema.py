@@ -2,6 +2,7 @@ from dataclasses import dataclass
 from typing import List
 
 from lsexp.config.schema import ModelConfig
+from lsexp.models import attention_size_problems
 
 TASKS = ("classify", "lm")
 
@@ -26,13 +27,4 @@ def problems(cfg) -> List[str]:
     m, p = cfg.model, []
     if m.task not in TASKS:
         p.append(f"model.task={m.task}: use classify (a label per sequence) or lm (next token)")
-    for key in ("vocab_size", "max_len", "num_layers", "d_model", "nhead", "dim_feedforward"):
-        if m[key] < 1:
-            p.append(f"model.{key}={m[key]}: must be >= 1")
-    if m.nhead >= 1 and m.d_model >= 1 and m.d_model % m.nhead:
-        p.append(f"model.d_model={m.d_model} with model.nhead={m.nhead}: d_model must be a multiple of nhead")
-    if not 0 <= m.dropout < 1:
-        p.append(f"model.dropout={m.dropout}: must be in [0, 1)")
-    if "seq_len" in cfg.dataset and m.max_len < cfg.dataset.seq_len:
-        p.append(f"model.max_len={m.max_len}: shorter than dataset.seq_len={cfg.dataset.seq_len}; raise it")
-    return p
+    return p + attention_size_problems(cfg)
