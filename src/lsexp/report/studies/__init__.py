@@ -123,6 +123,39 @@ def _seed_order(run: StudyRun):
     return (0, int(run.seed)) if str(run.seed).lstrip("-").isdigit() else (1, str(run.seed))
 
 
+def eval_loss(run: StudyRun) -> float:
+    """The run's held-out loss, NaN for a run that did not finish."""
+    value = run.metrics.get("eval_loss", math.nan)
+    return value if run.status == "FINISHED" else math.nan
+
+
+@dataclass
+class LossCell:
+    """A table cell's held-out losses over its seeds: their interval and the seeds whose loss is not
+    finite."""
+
+    interval: Interval
+    diverged: List[str]
+
+    @property
+    def note(self) -> str:
+        return f"seed {', '.join(map(str, self.diverged))}: held-out loss not finite" if self.diverged else ""
+
+    def versus(self, reference: Optional["LossCell"]) -> str:
+        """Where this cell's interval lies against the reference cell's (side)."""
+        return side(self.interval, reference.interval if reference else Interval.of([]), len(self.diverged))
+
+
+def loss_cells(grouped: Dict[tuple, List[StudyRun]]) -> Dict[tuple, LossCell]:
+    """Each cell of finished_cells' groups as its held-out losses."""
+    out = {}
+    for key, mine in grouped.items():
+        values = [eval_loss(r) for r in mine]
+        diverged = [r.seed for r, v in zip(mine, values) if not math.isfinite(v)]
+        out[key] = LossCell(Interval.of(values), diverged)
+    return out
+
+
 def finished_cells(runs: Iterable[StudyRun], key: Callable[[StudyRun], tuple],
                    order: Callable[[tuple], tuple]) -> Dict[tuple, List[StudyRun]]:
     """The runs that ended, grouped by key(run): the groups sorted by order(key), each group's runs by

@@ -27,10 +27,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, finished_cells, over_seeds, side
+from lsexp.report.studies import StudyRun, finished_cells, loss_cells, over_seeds
 from lsexp.report.studies.engines import steady_speed
-from lsexp.report.studies.large_batch import eval_loss
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
 
 ARMS = ["float32", "dynamic", "fp8_delayed", "fp8_current", "mxfp8", "hif8_current"]
@@ -72,37 +70,34 @@ def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
 
 def table(runs: List[StudyRun]):
     grouped = cells(runs)
-    losses = {key: [eval_loss(r) for r in mine] for key, mine in grouped.items()}
+    losses = loss_cells(grouped)
     speed = {(workload(r), r.seed, arm(r)): steady_speed(r) for r in runs}
     rows = []
     for key, mine in grouped.items():
         name, arm_name = key
-        values = losses[key]
-        diverged = [r.seed for r, v in zip(mine, values) if not math.isfinite(v)]
-        interval = Interval.of(values)
+        cell = losses[key]
         ratios = []
         for r in mine:
             base, own = speed.get((name, r.seed, FLOAT16)), speed.get((name, r.seed, arm_name))
             ratios.append(base / own if base and own else math.nan)
-        notes = [f"seed {', '.join(map(str, diverged))}: held-out loss not finite"] if diverged else []
+        notes = [cell.note] if cell.diverged else []
         rows.append({
             "workload": name,
             "arm": arm_name,
             "dtype": "float32" if mine[0].param("amp.level") == "O0" else mine[0].param("amp.dtype"),
             "precision": mine[0].param("precision.recipe", "none"),
             "seeds": len(mine),
-            "eval_loss": interval.cell(),
-            "vs_float32": "" if arm_name == REFERENCE else side(interval, Interval.of(
-                losses.get((name, REFERENCE), [])), len(diverged)),
-            "vs_float16": "" if arm_name in (REFERENCE, FLOAT16) else side(interval, Interval.of(
-                losses.get((name, FLOAT16), [])), len(diverged)),
+            "eval_loss": cell.interval.cell(),
+            "vs_float32": "" if arm_name == REFERENCE else cell.versus(losses.get((name, REFERENCE))),
+            "vs_float16": ("" if arm_name in (REFERENCE, FLOAT16)
+                           else cell.versus(losses.get((name, FLOAT16)))),
             "eval_accuracy": over_seeds(r.metrics.get("eval_accuracy", math.nan) for r in mine),
             "skipped_updates": over_seeds(float(r.metrics.get("skipped_steps", 0)) for r in mine),
             "most_saturated": _worst(mine, 0),
             "most_flushed": _worst(mine, 1),
             "step_time_vs_float16": "" if arm_name in (REFERENCE, FLOAT16) else over_seeds(ratios),
             "note": "; ".join(notes),
-            "_interval": interval,
+            "_interval": cell.interval,
         })
     for name in sorted({workload(r) for r in runs}):
         position = max(i for i, r in enumerate(rows) if r["workload"] == name) + 1

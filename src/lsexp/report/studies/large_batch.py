@@ -27,8 +27,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, finished_cells, log2, over_seeds, side
+from lsexp.report.studies import StudyRun, finished_cells, log2, loss_cells, over_seeds
 from lsexp.report.studies.scalers import arm, bfloat16_note, workload
 
 ARMS = ["float32", "none", "fixed_drop_256", "fixed_drop_65536", "dynamic", "dynamic_hysteresis",
@@ -62,11 +61,6 @@ def batch_tokens(runs: List[StudyRun]) -> Dict[str, float]:
             per_sample = float(run.param("dataset.seq_len", 1)) if run.param("dataset.task") == "lm" else 1.0
             found[workload(run)] = float(run.param("dataset.batch_size", 1)) * per_sample
     return found
-
-
-def eval_loss(run: StudyRun) -> float:
-    value = run.metrics.get("eval_loss", math.nan)
-    return value if run.status == "FINISHED" else math.nan
 
 
 def first_growth(run: StudyRun) -> Optional[int]:
@@ -129,15 +123,12 @@ def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
 def table(runs: List[StudyRun]):
     t = batch_tokens(runs)
     grouped = cells(runs)
-    losses = {key: [eval_loss(r) for r in mine] for key, mine in grouped.items()}
+    losses = loss_cells(grouped)
     rows = []
     for key, mine in grouped.items():
         name, n, arm_name = key
-        values = losses[key]
-        diverged = [r.seed for r, v in zip(mine, values) if not math.isfinite(v)]
-        interval = Interval.of(values)
-        reference = Interval.of(losses.get((name, n, REFERENCE), []))
-        notes = [f"seed {', '.join(map(str, diverged))}: held-out loss not finite"] if diverged else []
+        cell = losses[key]
+        notes = [cell.note] if cell.diverged else []
         notes += [f"seed {r.seed} diverged at step {int(r.metrics['diverged_at_step'])}"
                   for r in mine if "diverged_at_step" in r.metrics]
         rows.append({
@@ -147,16 +138,16 @@ def table(runs: List[StudyRun]):
             "arm": arm_name,
             "dtype": "float32" if mine[0].param("amp.level") == "O0" else mine[0].param("amp.dtype"),
             "seeds": len(mine),
-            "eval_loss": interval.cell(),
-            "vs_float32": "" if arm_name == REFERENCE else side(interval, reference, len(diverged)),
+            "eval_loss": cell.interval.cell(),
+            "vs_float32": "" if arm_name == REFERENCE else cell.versus(losses.get((name, n, REFERENCE))),
             "eval_accuracy": over_seeds(r.metrics.get("eval_accuracy", math.nan) for r in mine),
             "skipped_updates": over_seeds(float(r.metrics.get("skipped_steps", 0)) for r in mine),
             "steps_to_first_growth": _growth_cell(arm_name, mine),
             "lost_fraction_by_layer": _layers_cell(mine),
             "note": "; ".join(notes),
             "_n": float(t[name] if n is None else n),
-            "_interval": interval,
-            "_diverged": len(diverged),
+            "_interval": cell.interval,
+            "_diverged": len(cell.diverged),
         })
     for name in sorted({workload(r) for r in runs}):
         position = max(i for i, r in enumerate(rows) if r["workload"] == name) + 1

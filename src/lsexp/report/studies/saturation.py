@@ -20,9 +20,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from lsexp.report.groups import Interval
-from lsexp.report.studies import StudyRun, finished_cells, over_seeds, side
-from lsexp.report.studies.large_batch import eval_loss
+from lsexp.report.studies import StudyRun, finished_cells, loss_cells, over_seeds
 from lsexp.report.studies.scalers import arm
 
 MODES = ["infnan", "saturation", "saturation_values"]
@@ -65,13 +63,11 @@ def cells(runs: List[StudyRun]) -> Dict[tuple, List[StudyRun]]:
 def table(runs: List[StudyRun]):
     grouped = cells(runs)
     reference = {(case(r), arm(r), r.seed): r for r in runs if mode(r) == "infnan"}
-    losses = {key: [eval_loss(r) for r in mine] for key, mine in grouped.items()}
+    losses = loss_cells(grouped)
     rows = []
     for key, mine in grouped.items():
         name, strategy, overflow = key
-        values = losses[key]
-        diverged = [r.seed for r, v in zip(mine, values) if not math.isfinite(v)]
-        interval = Interval.of(values)
+        cell = losses[key]
         gaps = [deviation(r, reference[(name, strategy, r.seed)]) for r in mine
                 if (name, strategy, r.seed) in reference]
         rows.append({
@@ -83,11 +79,10 @@ def table(runs: List[StudyRun]):
             "undetected_overflows": "" if overflow == "infnan" else over_seeds(undetected(r) for r in mine),
             "loss_deviation_mean": "" if overflow == "infnan" else over_seeds(g[0] for g in gaps),
             "loss_deviation_max": "" if overflow == "infnan" else over_seeds(g[1] for g in gaps),
-            "eval_loss": interval.cell(),
-            "vs_infnan": "" if overflow == "infnan" else side(
-                interval, Interval.of(losses.get((name, strategy, "infnan"), [])), len(diverged)),
-            "note": f"seed {', '.join(map(str, diverged))}: held-out loss not finite" if diverged else "",
-            "_interval": interval,
+            "eval_loss": cell.interval.cell(),
+            "vs_infnan": "" if overflow == "infnan" else cell.versus(losses.get((name, strategy, "infnan"))),
+            "note": cell.note,
+            "_interval": cell.interval,
         })
     return rows, COLUMNS
 
