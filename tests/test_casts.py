@@ -1,4 +1,4 @@
-"""amp=auto and the cast lists (lsexp.casts): the cast map a run records in casts.csv under amp=auto equals
+"""amp=auto and the cast lists (lsexp.amp): the cast map a run records in casts.csv under amp=auto equals
 the one MindSpore's published auto lists (transcribed in helpers.mindspore_amp_lists) give, walked here over
 the network's float32 graph without auto_mixed_precision, for every built-in model; a black list naming one
 layer keeps exactly that layer in float32, a white list naming one runs exactly that one in float16; a name
@@ -55,7 +55,7 @@ def _cell(scope: str) -> str:
 
 def compiled_ops(net, x) -> Counter:
     """(cell, op, dtype) -> count of the operators in the graph MindSpore compiles for net(x), read from
-    its IR after the last pass; written here apart from lsexp.casts.graph, as this test's reference."""
+    its IR after the last pass; written here apart from lsexp.amp.graph, as this test's reference."""
     found = Counter()
     for block in compiled_ir(net, x).split("\n  %")[1:]:
         head = re.match(r"\d+\(\S*\) = (?:PrimFunc_)?(\w+)\(", block)

@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from lsexp import casts, datasets, optimizers, schedules, strategies, taps
+from lsexp import amp, datasets, optimizers, schedules, strategies, taps
 from lsexp.config import hydra_errors
 from lsexp.config.errors import ConfigError, halting
 from lsexp.config.facts import known_num_train
@@ -38,7 +38,7 @@ def validate(cfg: DictConfig) -> Strategy:
     except ConfigError as err:
         strategy, p = None, list(err.problems)
     plan = plan_of(cfg)
-    p += casts.problems(cfg)
+    p += amp.problems(cfg)
     if strategy is not None:
         p += strategy.problems(cfg)
     p += optimizers.loss_scale_problems(cfg)

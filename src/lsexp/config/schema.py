@@ -73,7 +73,7 @@ class ImageFileDatasetConfig(FileDatasetConfig, ImageDatasetConfig):
 class AmpConfig:
     level: str = "O0"  # the `level` / `amp_level` of mindspore.amp.build_train_network / auto_mixed_precision
     dtype: str = "float16"
-    # amp.custom_mixed_precision's lists, by cell name (`lsexp layers`) or cell class (lsexp.casts.lists):
+    # amp.custom_mixed_precision's lists, by cell name (`lsexp layers`) or cell class (lsexp.amp.lists):
     # white_list runs the cells in low precision at O0/O1; black_list keeps them in float32 at O2/O3/auto
     white_list: Optional[List[str]] = None
     black_list: Optional[List[str]] = None

@@ -82,17 +82,17 @@ def build(job, last_step: int, net=None):
 
 
 def with_amp(cfg, net, out_dir: Path):
-    """`net` in amp.level's precision, with amp.white_list or amp.black_list (lsexp.casts.lists)."""
-    from lsexp.casts.lists import with_amp as cast
+    """`net` in amp.level's precision, with amp.white_list or amp.black_list (lsexp.amp.lists)."""
+    from lsexp.amp.lists import with_amp as cast
 
     return cast(net, cfg.amp, out_dir)
 
 
 def record_casts(cfg, data, out_dir: Path) -> dict:
-    """casts.csv, the cast map of the network as amp.level and the cast lists make it (lsexp.casts.graph),
+    """casts.csv, the cast map of the network as amp.level and the cast lists make it (lsexp.amp.graph),
     compiled on a copy of it on the first batch's shapes; returns its summary. Built before the step's own
     network, which then starts from the same random state."""
-    from lsexp.casts.graph import CASTS_CSV, cast_map, summary, write_csv
+    from lsexp.amp.graph import CASTS_CSV, cast_map, summary, write_csv
 
     x, _ = next(iter(data.batches(cfg.dataset, 0, 0)))
     rows = cast_map(with_amp(cfg, network(cfg), out_dir), x)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from lsexp import casts
+from lsexp import amp
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def plan_of(cfg) -> Plan:
         status_check=saturation and bool(cfg.device.get("status_check")),
         locate=cfg.train.mode == "graph" and bool(telemetry.get("locate")),
         precision=recipe,
-        records_casts=casts.records(cfg.amp),
-        cast_lists=any(casts.lists_of(cfg.amp)),
+        records_casts=amp.records(cfg.amp),
+        cast_lists=any(amp.lists_of(cfg.amp)),
         grads=bool(telemetry.grads),
         histogram_steps=tuple(telemetry.histogram_steps),
         accumulate_steps=int(cfg.train.accumulate_steps),

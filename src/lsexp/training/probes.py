@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from lsexp import casts
+from lsexp import amp
 from lsexp.config import families
 from lsexp.config.errors import ConfigError
 from lsexp.training.build import load_data, loss, network
@@ -75,7 +75,7 @@ def tap_problems(cfg, plan, net) -> List[str]:
     against its cells, and a precision recipe against its matrix products."""
     from lsexp.taps.layers import NoLayers, layer_names
 
-    unknown = casts.name_problems(cfg.amp, net)
+    unknown = amp.name_problems(cfg.amp, net)
     if unknown:
         return [unknown]
     if plan.precision is not None:

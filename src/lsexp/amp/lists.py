@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import dtype as mstype
 from mindspore import nn, ops
 
-from lsexp.casts import lists_of
+from lsexp.amp import lists_of
 
 
 class Float32Output(nn.Cell):

@@ -1,7 +1,7 @@
 """Which cells run in which precision: amp.level through MindSpore's own auto_mixed_precision (O0-O3, and
 auto, which casts by operator type from MindSpore's auto white and black lists), the cast lists of
-amp.white_list and amp.black_list on top of it (lsexp.casts.lists), and the cast map of the compiled
-network that casts.csv records (lsexp.casts.graph).
+amp.white_list and amp.black_list on top of it (lsexp.amp.lists), and the cast map of the compiled
+network that casts.csv records (lsexp.amp.graph).
 
 Nothing here imports MindSpore at import time: preflight reads the rules below."""
 
@@ -57,7 +57,7 @@ def list_problems(amp) -> List[str]:
 
 def name_problems(amp, net) -> Optional[str]:
     """The one line refusing a name in a cast list that names no cell of `net`, or None."""
-    from lsexp.casts.lists import valid_names
+    from lsexp.amp.lists import valid_names
 
     white, black = lists_of(amp)
     key, names = ("amp.white_list", white) if white else ("amp.black_list", black)
