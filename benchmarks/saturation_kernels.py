@@ -5,7 +5,7 @@ batch 32, no optimizer, no data pipeline), its five layers tapped, alternating i
 
 Variants: untapped; the taps alone (identity transforms); saturation in MindSpore ops (nan_to_num, and
 the flag's isfinite/all), the path where lsexp's kernels cannot be built; lsexp's C++ kernels (aot
-operators, lsexp/formats/saturation.cc), with the backward's saturation and flag in one kernel; and the
+operators, lsexp/saturation/kernels.cc), with the backward's saturation and flag in one kernel; and the
 same kernels with the backward's two apart. A measurement, not a mode.
 """
 
@@ -61,20 +61,20 @@ def _variants():
     import mindspore as ms
     from mindspore import ops
 
-    from lsexp.taps.saturation import Saturation
+    from lsexp.taps.saturating import SaturatingTransform
 
-    class Identity(Saturation):
+    class Identity(SaturatingTransform):
         def forward(self, y):
             return y
 
         def backward_status(self, y, dout, state):
             return dout, ops.zeros((), ms.float32)
 
-    class Ops(Saturation):
+    class Ops(SaturatingTransform):
         def __init__(self):
             super().__init__(native=False)
 
-    class Apart(Saturation):  # the native kernels, the backward's saturation and its flag as two
+    class Apart(SaturatingTransform):  # the native kernels, the backward's saturation and its flag as two
         def backward_status(self, y, dout, state):
             return self.backward(dout, state), self.status(y, dout, state)
 
@@ -83,7 +83,7 @@ def _variants():
         "untapped": (None, every),
         "the taps alone": (Identity, every),
         "MindSpore ops": (Ops, every),
-        "lsexp's kernels": (Saturation, every),
+        "lsexp's kernels": (SaturatingTransform, every),
         "lsexp's kernels, backward apart": (Apart, every),
     }
 

@@ -38,7 +38,7 @@ def test_saturation_acts_on_each_tensor_as_the_rule_says_going_forward_and_back(
     import mindspore as ms
     from mindspore import nn
 
-    from lsexp.formats.saturation import saturate, saturated
+    from lsexp.saturation import saturate, saturated
 
     configure()
 
@@ -189,13 +189,13 @@ def test_bad_overflow_mode_options_are_one_line_exit_2_and_nothing_written(tmp_p
 @pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_the_native_kernels_saturate_and_flag_as_the_rule_and_the_mindspore_ops(dtype):
     """On CPU a tap saturates, and raises the flag, in lsexp's C++ kernels (MindSpore aot operators built
-    from lsexp/formats/saturation.cc); elsewhere in MindSpore ops: the same bits and the same flag,
+    from lsexp/saturation/kernels.cc); elsewhere in MindSpore ops: the same bits and the same flag,
     forward and back, and a backward that saturates and flags in one kernel agrees with both."""
     import mindspore as ms
     import ml_dtypes
     from mindspore import nn
 
-    from lsexp.taps.saturation import Saturation
+    from lsexp.taps.saturating import SaturatingTransform
 
     configure()
     if dtype == "bfloat16":  # bfloat16's largest value and its own specials
@@ -239,7 +239,7 @@ def test_the_native_kernels_saturate_and_flag_as_the_rule_and_the_mindspore_ops(
         def construct(self, y, dout):
             return self.t.backward_status(y, dout, self.t.state())
 
-    native, ops_only = Saturation(native=True), Saturation(native=False)
+    native, ops_only = SaturatingTransform(native=True), SaturatingTransform(native=False)
     assert native.native and not ops_only.native  # the kernels were built on this machine
     ones = as_tensor(np.ones(a.shape, np.float32))
     for transform in (native, ops_only):
@@ -264,7 +264,7 @@ def test_the_gradient_kernels_saturate_a_float32_gradient_at_the_amp_dtypes_larg
     (bfloat16's) largest value, in lsexp's kernel as in MindSpore ops (saturate_at); finite values pass."""
     import mindspore as ms
 
-    from lsexp.formats import saturation
+    from lsexp import saturation
     from lsexp.runtime.native import library
 
     configure()
@@ -290,8 +290,8 @@ def test_without_a_compiler_saturation_says_so_once_and_runs_in_mindspore_ops(tm
 
 
 def test_the_kernels_build_once_into_the_cache_and_nowhere_else(tmp_path, monkeypatch):
-    from lsexp.formats.saturation import KERNELS
     from lsexp.runtime import native
+    from lsexp.saturation import KERNELS
 
     monkeypatch.setenv("LSEXP_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
@@ -313,7 +313,7 @@ def test_a_saturating_tap_reports_its_status_through_its_probe(chained):
     from mindspore import ParameterTuple, Tensor, nn, ops
 
     from lsexp.taps.cells import Chain, install
-    from lsexp.taps.saturation import Saturation
+    from lsexp.taps.saturating import SaturatingTransform
 
     configure()
 
@@ -328,7 +328,8 @@ def test_a_saturating_tap_reports_its_status_through_its_probe(chained):
 
     net = Net()
     taps = install(net, ["a", "b"], {"a": net.a, "b": net.b},
-                   lambda name: Chain([Saturation()]) if chained else Saturation(), observe=False)
+                   lambda name: Chain([SaturatingTransform()]) if chained else SaturatingTransform(),
+                   observe=False)
 
     class StatusStep(nn.Cell):  # what it needs as attributes: a free variable of construct can make
         def __init__(self, net, probes):  # MindSpore parse this whole test function (an 'Import')

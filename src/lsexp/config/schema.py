@@ -170,7 +170,7 @@ class DeviceConfig:
     # How float16 arithmetic reports an overflow. infnan: as inf and NaN (GPU, CPU, Ascend 910B/C by
     # default). saturation: Ascend's saturation mode (910A; 910B/C with INF_NAN_MODE_ENABLE=0), emulated
     # at every layer: an inf becomes the type's largest value with its sign, a NaN 0, and an emulated
-    # float-status flag is raised (lsexp.taps.saturation).
+    # float-status flag is raised (lsexp.taps.saturating).
     overflow_mode: str = "infnan"
     # Under saturation: the overflow check reads the status flag, as MindSpore does on Ascend. False:
     # it checks the values only, which saturation has made finite.

@@ -15,8 +15,8 @@ from mindspore import dtype as mstype
 from mindspore.amp import all_finite
 
 from lsexp.engines.stats import present
-from lsexp.formats.saturation import saturate_at
 from lsexp.formats.spec import FP16_MAX, FP16_TINY
+from lsexp.saturation import saturate_at
 
 _poison = ops.MultitypeFuncGraph("lsexp_poison")
 
@@ -75,7 +75,7 @@ class StepOptions:
     # device.overflow_mode=saturation: the taps' status probes (lsexp.taps.cells.Taps.status_probes),
     # whether the overflow check reads the emulated flag (device.status_check), where a non-finite
     # parameter gradient saturates (amp.dtype's largest value), and the saturation rule's kernels for it
-    # (lsexp.formats.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
+    # (lsexp.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
     # cheaper than the branch that runs MindSpore ops only on a step that needs them; None: that branch)
     saturation: bool = False
     status_probes: tuple = ()

@@ -70,7 +70,7 @@ def resolve_target(name: str) -> str:
 
 
 def problems(cfg) -> List[str]:
-    """The device group's keys: device.overflow_mode and device.status_check (lsexp.taps.saturation),
+    """The device group's keys: device.overflow_mode and device.status_check (lsexp.taps.saturating),
     then the target, its cores and oneDNN's cap."""
     return _overflow_mode_problems(cfg) + device_problems(cfg.device)
 

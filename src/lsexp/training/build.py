@@ -115,8 +115,8 @@ def step_saturation(cfg, plan, taps, target: str) -> dict:
     """What the train step takes of device.overflow_mode=saturation (lsexp.engines.body.StepOptions): the
     taps' status probes, whether its check reads the emulated flag, and where a parameter gradient
     saturates."""
-    from lsexp.formats.saturation import BF16_MAX, FALLBACK, FP16_MAX, KERNELS, Kernels
     from lsexp.runtime.native import built
+    from lsexp.saturation import BF16_MAX, FALLBACK, FP16_MAX, KERNELS, Kernels
 
     largest = FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX
     lib = built(KERNELS, FALLBACK) if target == "CPU" else None
@@ -141,7 +141,7 @@ def tapped_layers(plan, net) -> dict:
 
 def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None):
     """(Taps, the inject.layer transform or None), installed in `net` in place; where the plan saturates
-    (or `saturating` says so), every tap saturates (lsexp.taps.saturation), after the injection where
+    (or `saturating` says so), every tap saturates (lsexp.taps.saturating), after the injection where
     there is one."""
     from lsexp.taps.cells import LayerInjection, install
 
@@ -154,9 +154,9 @@ def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None):
         mine = injection if name == plan.inject_layer else None
         if not saturating:
             return mine
-        from lsexp.taps.saturation import Saturation
+        from lsexp.taps.saturating import SaturatingTransform
 
-        return Saturation(mine)
+        return SaturatingTransform(mine)
 
     # saturating taps need measure nothing unless telemetry=layers reads them: the locator replays on a copy
     observe = not saturating or plan.observe_layers

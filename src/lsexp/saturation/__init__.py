@@ -7,8 +7,8 @@ saturate() applies the rule to a tensor in MindSpore ops, as the compiled step r
 pass bit for bit (nan_to_num selects; it does no arithmetic that a CPU kernel's flush of subnormals
 could touch). Float16, bfloat16 and float32 saturate at their own largest value; another type passes.
 
-KERNELS (saturation.cc) are the same rule and its flag as CPU kernels on a float16, bfloat16 or float32
-tensor's bits, for MindSpore's aot Custom operators (lsexp.taps.saturation builds them): MindSpore's CPU
+KERNELS (kernels.cc) are the same rule and its flag as CPU kernels on a float16, bfloat16 or float32
+tensor's bits, for MindSpore's aot Custom operators (lsexp.taps.saturating builds them): MindSpore's CPU
 nan_to_num and isfinite walk float16 one value at a time."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from mindspore import ops
 
 from lsexp.formats.spec import BF16_MAX, FP16_MAX, FP32_MAX
 
-KERNELS = Path(__file__).with_name("saturation.cc")
+KERNELS = Path(__file__).with_name("kernels.cc")
 FALLBACK = "saturation runs in MindSpore ops, slower on CPU"  # said where KERNELS cannot be built
 
 

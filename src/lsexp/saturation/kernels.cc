@@ -1,4 +1,4 @@
-// Ascend's saturation rule (lsexp.formats.saturation) as CPU kernels for MindSpore's aot Custom
+// Ascend's saturation rule (lsexp.saturation) as CPU kernels for MindSpore's aot Custom
 // operators: on a float16, bfloat16 or float32 tensor's bits, an inf becomes the type's largest finite
 // value with its sign and a NaN becomes +0; every other value passes bit for bit. MindSpore's CPU
 // nan_to_num walks float16 one value at a time; these are one branch-free pass the compiler vectorises.

@@ -1,5 +1,5 @@
 """device.overflow_mode=saturation, emulated at the taps: every tapped layer's forward output and the
-gradient flowing back into it pass lsexp.formats.saturation's rule (inf as the type's largest value with
+gradient flowing back into it pass lsexp.saturation's rule (inf as the type's largest value with
 its sign, NaN as 0), and the tap reports whether it changed a value, which the train step adds into its
 emulated float-status register.
 
@@ -13,12 +13,12 @@ from typing import Optional
 
 import mindspore as ms
 
-from lsexp.formats.saturation import FALLBACK, KERNELS, Kernels, native_saturates, saturate, saturated
 from lsexp.runtime.native import built
+from lsexp.saturation import FALLBACK, KERNELS, Kernels, native_saturates, saturate, saturated
 from lsexp.taps.cells import Transform
 
 
-class Saturation(Transform):
+class SaturatingTransform(Transform):
     """Saturates what `inner` (inject.layer's transform, or none) makes of the layer's output and of the
     gradient flowing into it; status(): 1 when it saturated a value, either way. On CPU a float16,
     bfloat16 or float32 tensor saturates, and raises the flag, in lsexp's native kernels (KERNELS, as
