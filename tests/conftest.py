@@ -123,6 +123,11 @@ def whole_machine():
 
 
 def pytest_configure(config):
+    # Every refusal a test makes (exit 2 and its stderr, or a ConfigError it catches) is checked against
+    # tests/refusals.json, byte for byte; LSEXP_RECORD_REFUSALS=1 records them (tests/helpers/refusals.py)
+    from helpers import refusals
+
+    config.pluginmanager.register(refusals, "lsexp-refusals")
     # device.onednn_max_cpu_isa=auto: every test, and every process a test starts, shares one
     # calibrated decision, made once per checkout in pytest's own cache folder (.pytest_cache/),
     # instead of the user's. Tests of the calibration itself point LSEXP_CACHE_DIR elsewhere.
