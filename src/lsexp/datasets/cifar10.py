@@ -4,7 +4,7 @@ evaluate."""
 import numpy as np
 
 from lsexp.datasets.cifar10_schema import RECORDS, SIDE, TEST, TRAIN, batches_dir, record_bytes
-from lsexp.datasets.kinds import file_data
+from lsexp.datasets.kinds import Reading, file_data
 
 # Per-channel mean and std of the CIFAR-10 training images.
 MEAN = [0.4914 * 255, 0.4822 * 255, 0.4465 * 255]
@@ -35,8 +35,6 @@ def cifar10(
         num_classes,
         ("train", np.arange(len(TRAIN) * RECORDS)),
         ("test", np.arange(len(TEST) * RECORDS)),
-        cache=cache,
-        cache_max_mb=cache_max_mb,
-        record_bytes=record_bytes(image_size),
-        num_parallel_workers=num_parallel_workers,
+        Reading(cache=cache, cache_max_mb=cache_max_mb, record_bytes=record_bytes(image_size),
+                num_parallel_workers=num_parallel_workers),
     )

@@ -4,7 +4,7 @@ seeded val_fraction of the images is held out."""
 import numpy as np
 
 from lsexp.datasets.image_folder_schema import EXTENSIONS, record_bytes, scan
-from lsexp.datasets.kinds import file_data
+from lsexp.datasets.kinds import Reading, file_data
 
 
 def _add_channel(img):
@@ -39,8 +39,7 @@ def image_folder(path, val_fraction=0.2, image_size=32, num_channel=3, num_class
         num_classes,
         (None, np.sort(order[n_val:])),
         (None, np.sort(order[:n_val])),
-        cache=cache,
-        cache_max_mb=cache_max_mb,
-        record_bytes=record_bytes(str(path), image_size, num_channel),
-        num_parallel_workers=num_parallel_workers,
+        Reading(cache=cache, cache_max_mb=cache_max_mb,
+                record_bytes=record_bytes(str(path), image_size, num_channel),
+                num_parallel_workers=num_parallel_workers),
     )

@@ -134,21 +134,28 @@ Split = Tuple[
 ]  # a loader's usage ("train", "test"; None: it has one) and record ids
 
 
+@dataclass(frozen=True)
+class Reading:
+    """How a file data set is read: dataset.cache and cache_max_mb, what its records take in memory
+    (record_bytes, known from the files' sizes and headers before anything is read), and the loader's
+    workers."""
+
+    cache: str
+    cache_max_mb: int
+    record_bytes: int
+    num_parallel_workers: int = 1
+
+
 def file_data(
     loader: Callable[[Optional[str], Any], Any],
     images: Callable[[], Tuple[List, List]],
     num_classes: int,
     train: Split,
     evaluate: Split,
-    *,
-    cache: str,
-    cache_max_mb: int,
-    record_bytes: int,
-    num_parallel_workers: int = 1,
+    reading: Reading,
 ):
     """A data set that one of MindSpore's loaders reads: streamed as a Pipeline, or, as dataset.cache
-    chooses, read once into Records. The decision takes record_bytes, what the records take in
-    memory, known from the files' sizes and headers before anything is read.
+    chooses, read once into Records. The decision takes reading.record_bytes.
 
     loader(usage, sampler) is the loader over one split (sampler None: its records in file order).
     images() gives the per-sample image transforms as (once, each); the pipeline maps
@@ -157,14 +164,15 @@ def file_data(
     must map each channel's uint8 value on its own, so Records make a batch through a table of what
     those very objects make of every value, and the batches are the pipeline's bit for bit.
     """
-    fits = record_bytes <= cache_max_mb * MB
+    cache, cache_max_mb, workers = reading.cache, reading.cache_max_mb, reading.num_parallel_workers
+    fits = reading.record_bytes <= cache_max_mb * MB
     chosen = ("memory" if fits else "stream") if cache == "auto" else cache
     why = f", {'under' if fits else 'over'} dataset.cache_max_mb={cache_max_mb}" if cache == "auto" else ""
     how = "read once into memory" if chosen == "memory" else "streamed from the files every epoch"
-    log.info("dataset.cache=%s: %.1f MB of uint8 records%s: %s", cache, record_bytes / MB, why, how)
+    log.info("dataset.cache=%s: %.1f MB of uint8 records%s: %s", cache, reading.record_bytes / MB, why, how)
     if chosen == "memory":
         return Records(
-            lambda usage: _read(loader(usage, None), images()[0], num_parallel_workers),
+            lambda usage: _read(loader(usage, None), images()[0], workers),
             lambda: images()[1],
             num_classes,
             train,
@@ -181,7 +189,7 @@ def file_data(
             dataset = dataset.map(
                 once + each + [vision.HWC2CHW()],
                 input_columns="image",
-                num_parallel_workers=num_parallel_workers,
+                num_parallel_workers=workers,
             )
             return dataset.map(
                 [transforms.OneHot(num_classes), transforms.TypeCast(ms.float32)], input_columns="label"

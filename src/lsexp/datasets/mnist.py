@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from lsexp.datasets.kinds import file_data
+from lsexp.datasets.kinds import Reading, file_data
 from lsexp.datasets.mnist_schema import SIDE, record_bytes, record_counts
 
 MEAN, STD = 0.1307, 0.3081  # of the MNIST training images, as MindSpore's LeNet tutorial normalises
@@ -30,8 +30,6 @@ def mnist(path, image_size=32, num_classes=10, num_parallel_workers=1, cache="au
         num_classes,
         ("train", np.arange(counts["train"])),
         ("test", np.arange(counts["test"])),
-        cache=cache,
-        cache_max_mb=cache_max_mb,
-        record_bytes=record_bytes(str(path), image_size),
-        num_parallel_workers=num_parallel_workers,
+        Reading(cache=cache, cache_max_mb=cache_max_mb, record_bytes=record_bytes(str(path), image_size),
+                num_parallel_workers=num_parallel_workers),
     )
