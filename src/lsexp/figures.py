@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import math
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, NamedTuple, Sequence
 
 _SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
 
@@ -54,7 +54,17 @@ def smoothed(values: Sequence[float], span: int) -> List[float]:
     return out
 
 
-def draw(ax_loss, ax_scale, steps, loss, scale, overflow, label=None, color=None, smooth=False):
+class Curve(NamedTuple):
+    """A run's steps, and at each its loss, loss scale and overflow flag."""
+
+    steps: Sequence[int]
+    loss: Sequence[float]
+    scale: Sequence[float]
+    overflow: Sequence[int]
+
+
+def draw(ax_loss, ax_scale, curve: Curve, label=None, color=None, smooth=False):
+    steps, loss, scale, overflow = curve
     if smooth and len(loss) > 20:  # the raw loss faint behind its moving average
         raw, = ax_loss.plot(steps, loss, color=color, linewidth=0.5, alpha=0.25)
         (line,) = ax_loss.plot(
@@ -90,10 +100,12 @@ class RunFigure:
         draw(
             self.ax_loss,
             self.ax_scale,
-            [r["step"] for r in rows],
-            [r["loss"] for r in rows],
-            [r["loss_scale"] for r in rows],
-            [r["overflow"] for r in rows],
+            Curve(
+                [r["step"] for r in rows],
+                [r["loss"] for r in rows],
+                [r["loss_scale"] for r in rows],
+                [r["overflow"] for r in rows],
+            ),
         )
         if any(r["overflow"] for r in rows):
             self.ax_scale.legend(loc="best", fontsize=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from lsexp.figures import axes, draw, pyplot, write_table
+from lsexp.figures import Curve, axes, draw, pyplot, write_table
 from lsexp.report.groups import (
     METRICS,
     TELEMETRY_METRICS,
@@ -77,41 +77,25 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
             draw(
                 ax_loss,
                 ax_scale,
-                steps,
-                [loss[s] for s in steps],
-                [scale.get(s, float("nan")) for s in steps],
-                [overflow.get(s, 0) for s in steps],
+                Curve(
+                    steps,
+                    [loss[s] for s in steps],
+                    [scale.get(s, float("nan")) for s in steps],
+                    [overflow.get(s, 0) for s in steps],
+                ),
                 label=label,
                 smooth=True,
             )
         m = child.data.metrics
-        rows.append(
-            {
-                "run": child.info.run_name,
-                "choices": label,
-                "status": child.info.status,
-                "steps": max(steps) if steps else 0,
-                "skipped_steps": num(m.get("skipped_steps")),
-                "overflow_count": num(m.get("overflow_count")),
-                "final_loss": num(m.get("final_loss")),
-                "final_loss_scale": num(m.get("final_loss_scale")),
-                "eval_accuracy": num(m.get("eval_accuracy")),
-                "eval_loss": num(m.get("eval_loss")),
-                "diverged": child.data.tags.get("lsexp.diverged", ""),
-                "collapsed": child.data.tags.get("lsexp.collapsed", ""),
-            }
-        )
+        rows.append(_row(child, label, steps))
         raw.append({k: m.get(k) for k in METRICS + layer_means})
         rows[-1].update({k: num(m.get(k)) for k in layer_means})
         if telemetry:
-            for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
-                series = _history(client, child.info.run_id, key)
-                raw[-1][f"mean_{key}"] = sum(series.values()) / len(series) if series else None
-                rows[-1][f"mean_{key}"] = num(raw[-1][f"mean_{key}"]) if series else ""
-                if key == "underflow_fraction" and series and not grouped:
-                    ax_under[0].plot(
-                        sorted(series), [series[s] for s in sorted(series)], linewidth=1, label=label
-                    )
+            underflow = _telemetry_means(client, child.info.run_id, rows[-1], raw[-1])
+            if underflow and not grouped:
+                ax_under[0].plot(
+                    sorted(underflow), [underflow[s] for s in sorted(underflow)], linewidth=1, label=label
+                )
     groups = group_runs(raw, group_names, seeds)
     if grouped:
         _draw_groups(ax_loss, ax_scale, groups, group_names, curves)
@@ -130,11 +114,49 @@ def sweep_report(client, parent_run_id: str, out: Path, baseline: Optional[str] 
     else:
         write_table(out / "comparison", rows, columns)
     if baseline is not None:
-        table = paired_rows(groups, baseline, metrics)
-        if table:
-            write_table(out / "comparison_paired", table, [k for k in table[0] if k not in metrics],
-                        md_columns=("group", "baseline", "n_pairs", "seeds") + metrics)
+        _write_paired(out, groups, baseline, metrics)
     return children
+
+
+def _write_paired(out: Path, groups, baseline: str, metrics) -> None:
+    """comparison_paired.*: every group's difference from its baseline group, seed by seed; no files
+    where no group has one."""
+    table = paired_rows(groups, baseline, metrics)
+    if table:
+        write_table(out / "comparison_paired", table, [k for k in table[0] if k not in metrics],
+                    md_columns=("group", "baseline", "n_pairs", "seeds") + metrics)
+
+
+def _row(child, label: str, steps: List[int]) -> Dict:
+    """The table's row of a run, but for the layers' and telemetry's means."""
+    m = child.data.metrics
+    return {
+        "run": child.info.run_name,
+        "choices": label,
+        "status": child.info.status,
+        "steps": max(steps) if steps else 0,
+        "skipped_steps": num(m.get("skipped_steps")),
+        "overflow_count": num(m.get("overflow_count")),
+        "final_loss": num(m.get("final_loss")),
+        "final_loss_scale": num(m.get("final_loss_scale")),
+        "eval_accuracy": num(m.get("eval_accuracy")),
+        "eval_loss": num(m.get("eval_loss")),
+        "diverged": child.data.tags.get("lsexp.diverged", ""),
+        "collapsed": child.data.tags.get("lsexp.collapsed", ""),
+    }
+
+
+def _telemetry_means(client, run_id: str, row: Dict, raw: Dict) -> Dict[int, float]:
+    """With telemetry=grads: each fraction's mean over the run into its row (rounded) and raw; returns
+    the underflow fraction by step, which the figure's third panel draws."""
+    underflow = {}
+    for key in ("underflow_fraction", "overflow_fraction", "zero_fraction"):
+        series = _history(client, run_id, key)
+        raw[f"mean_{key}"] = sum(series.values()) / len(series) if series else None
+        row[f"mean_{key}"] = num(raw[f"mean_{key}"]) if series else ""
+        if key == "underflow_fraction":
+            underflow = series
+    return underflow
 
 
 def _draw_groups(ax_loss, ax_scale, groups, group_names, curves) -> None:
