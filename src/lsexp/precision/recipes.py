@@ -10,6 +10,7 @@ the quantised copies it computed with, as TE's saved FP8 tensors are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 from mindspore import Tensor, nn, ops
@@ -110,16 +111,25 @@ class Quantizer(nn.Cell):
         return dout, ops.zeros_like(scale)
 
 
+@dataclass(frozen=True)
+class Casting:
+    """How a Quantizer casts, apart from its recipe and format: MX's block size and the elements'
+    rounding, and host (numpy kernels on CPU)."""
+
+    block: int = 32
+    rounding: str = "even"
+    host: bool = False
+
+
 class GradientQuantizer(nn.Cell):
     """Forward: the identity. Backward: the gradient flowing into the product's output, quantised as the
     backward products receive it: with its delayed scale, read in the forward pass and handed in as
     `scale`, its amax noted for the next step's update; or with its current scale, or in MX blocks. The
     loss scale is in it: the eight-bit scale is taken after the loss scale, of the scaled gradient."""
 
-    def __init__(self, recipe: str, fmt_name: str, block: int = 32, rounding: str = "even",
-                 host: bool = False, name: str = "", cfg=None):
+    def __init__(self, recipe: str, fmt_name: str, casting: Casting = Casting(), name: str = "", cfg=None):
         super().__init__(auto_prefix=False)  # the history's Parameters keep their lsexp_fp8.* names
-        self.quantizer = Quantizer(recipe, fmt_name, block, rounding, host, name)
+        self.quantizer = Quantizer(recipe, fmt_name, casting.block, casting.rounding, casting.host, name)
         self.delayed = recipe == "delayed"
         if self.delayed:
             from lsexp.precision.delayed import DelayedScaling
@@ -177,7 +187,7 @@ class QuantizedProduct(nn.Cell):
         self.one = Tensor(1.0, mstype.float32)
         self.q_input = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.input")
         self.q_weight = Quantizer(cfg.recipe, forward, cfg.block_size, cfg.rounding, host, f"{name}.weight")
-        self.q_grad = GradientQuantizer(cfg.recipe, backward, cfg.block_size, cfg.rounding, host,
+        self.q_grad = GradientQuantizer(cfg.recipe, backward, Casting(cfg.block_size, cfg.rounding, host),
                                         f"{name}.grad", cfg)
         self.s_input = TensorScale(cfg.recipe, f"{name}.input", fmax, cfg)
         self.s_weight = TensorScale(cfg.recipe, f"{name}.weight", fmax, cfg)
