@@ -53,41 +53,48 @@ def problem(config: DictConfig) -> Optional[str]:
     if not _installed(module):
         return (f"hydra/launcher={option}: {package} is not installed; "
                 f'pip install -e ".[{extra}]" (or pip install {package})')
-    launcher = config.hydra.launcher
     if option == "ray":
-        if not _installed("ray"):
-            return 'hydra/launcher=ray: ray is not installed; pip install -e ".[ray]"'
-        address = OmegaConf.select(launcher, "ray.init.address")
-        if address and str(address) not in ("auto", "local"):
-            why = _unreachable(str(address))
-            if why:  # ray.init would retry for minutes
-                return (f"hydra.launcher.ray.init.address={address}: no Ray cluster answers there ({why}); "
-                        f"start one (ray start --head) or leave the address null for a local one")
-        num_cpus = OmegaConf.select(launcher, "ray.remote.num_cpus")
-        if num_cpus is not None and num_cpus <= 0:
-            return f"hydra.launcher.ray.remote.num_cpus={num_cpus}: must be > 0 (the CPUs each job reserves)"
-    else:
-        if not _installed("submitit"):
-            return f'hydra/launcher={option}: submitit is not installed; pip install -e ".[slurm]"'
-        timeout_min = launcher.get("timeout_min")
-        if timeout_min is None or timeout_min < 1:
-            return f"hydra.launcher.timeout_min={timeout_min}: must be >= 1 (minutes a job may run)"
-        delay = launcher.get("signal_delay_s")
-        if delay is not None and timeout_min * 60 <= 2 * delay:
-            # Slurm would send USR2 before the job has even started, before submitit's handler exists.
-            return (
-                f"hydra.launcher.timeout_min={timeout_min}: Slurm signals a job signal_delay_s={delay} s "
-                f"before its time limit, so {timeout_min * 60} s leaves it no time to run; set timeout_min "
-                f"to at least {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s"
-            )
-        if option == "submitit_slurm":
-            import shutil
+        return _ray_problem(config.hydra.launcher)
+    return _submitit_problem(option, config.hydra.launcher)
 
-            if shutil.which("sbatch") is None:
-                return (
-                    "hydra/launcher=submitit_slurm: Slurm's sbatch is not on PATH; run the sweep on a "
-                    "machine that submits to Slurm, or use hydra/launcher=submitit_local"
-                )
+
+def _ray_problem(launcher: DictConfig) -> Optional[str]:
+    if not _installed("ray"):
+        return 'hydra/launcher=ray: ray is not installed; pip install -e ".[ray]"'
+    address = OmegaConf.select(launcher, "ray.init.address")
+    if address and str(address) not in ("auto", "local"):
+        why = _unreachable(str(address))
+        if why:  # ray.init would retry for minutes
+            return (f"hydra.launcher.ray.init.address={address}: no Ray cluster answers there ({why}); "
+                    f"start one (ray start --head) or leave the address null for a local one")
+    num_cpus = OmegaConf.select(launcher, "ray.remote.num_cpus")
+    if num_cpus is not None and num_cpus <= 0:
+        return f"hydra.launcher.ray.remote.num_cpus={num_cpus}: must be > 0 (the CPUs each job reserves)"
+    return None
+
+
+def _submitit_problem(option: str, launcher: DictConfig) -> Optional[str]:
+    if not _installed("submitit"):
+        return f'hydra/launcher={option}: submitit is not installed; pip install -e ".[slurm]"'
+    timeout_min = launcher.get("timeout_min")
+    if timeout_min is None or timeout_min < 1:
+        return f"hydra.launcher.timeout_min={timeout_min}: must be >= 1 (minutes a job may run)"
+    delay = launcher.get("signal_delay_s")
+    if delay is not None and timeout_min * 60 <= 2 * delay:
+        # Slurm would send USR2 before the job has even started, before submitit's handler exists.
+        return (
+            f"hydra.launcher.timeout_min={timeout_min}: Slurm signals a job signal_delay_s={delay} s "
+            f"before its time limit, so {timeout_min * 60} s leaves it no time to run; set timeout_min "
+            f"to at least {2 * delay // 60 + 1} or lower hydra.launcher.signal_delay_s"
+        )
+    if option == "submitit_slurm":
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            return (
+                "hydra/launcher=submitit_slurm: Slurm's sbatch is not on PATH; run the sweep on a "
+                "machine that submits to Slurm, or use hydra/launcher=submitit_local"
+            )
     return None
 
 
