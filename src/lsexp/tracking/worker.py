@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import math
 import os
 import signal
@@ -24,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, TextIO
 
-from lsexp.tracking import protocol
+from lsexp.tracking import protocol, summary
 from lsexp.tracking.store import (
     MAX_METRICS_PER_BATCH,
     client_for,
@@ -35,8 +34,6 @@ from lsexp.tracking.store import (
     with_retry,
 )
 from lsexp.tracking.uri import redact, scrub
-
-ARTIFACTS = ("config.yaml", "history.csv", "summary.json", "loss_scale.png", "casts.csv")
 
 DONE = "lsexp-tracking-worker-done"  # the worker's last line on its done pipe, with its exit code
 _early: Optional["Worker"] = None
@@ -273,75 +270,17 @@ class MlflowRun:
 
     def finish(self, out_dir: Path, status: str, error: Optional[str]) -> None:
         """Summary metrics, tags and artifacts from what the job left in out_dir; then end the run."""
-        from mlflow.entities import Metric, RunTag
-
         try:
-            summary = _read_json(out_dir / "summary.json")
-            now, step = int(time.time() * 1000), summary.get("steps", 0)
-            metrics = [
-                Metric(key, float(summary[key]), now, step)
-                for key in (
-                    "skipped_steps",
-                    "final_loss",
-                    "final_loss_scale",
-                    "steps_per_second",
-                    "reference_loss",
-                    "diverged_at_step",
-                    "collapsed_at_step",
-                    "clipped_steps",
-                )
-                if summary.get(key) is not None
-            ]
-            if "overflow_steps" in summary:
-                metrics.append(Metric("overflow_count", float(len(summary["overflow_steps"])), now, step))
-            casts = summary.get("casts")
-            if casts:  # amp.level=auto or a cast list: operators by the type they computed in (casts.csv)
-                metrics += [Metric(f"casts.{dtype}_ops", float(n), now, step)
-                            for dtype, n in casts["ops_by_dtype"].items()]
-            for layer, means in (summary.get("layers") or {}).items():  # telemetry=layers: per-layer means
-                metrics += [Metric(f"layer.{layer}.{key}", float(value), now, step)
-                            for key, value in (means or {}).items() if math.isfinite(value)]
-            tags = [
-                RunTag("lsexp.diverged", str(bool(summary.get("diverged"))).lower()),
-                RunTag("lsexp.collapsed", str(bool(summary.get("collapsed"))).lower()),
-            ]
-            if casts:  # the cells a cast list or the level kept in float32, for the runs table
-                tags.append(RunTag("lsexp.float32_cells", ",".join(casts["float32_cells"])[:5000]))
-            if error:
-                tags += [
-                    RunTag("lsexp.error", error[:5000]),
-                    RunTag("mlflow.note.content", f"Run failed: {error[:5000]}"),
-                ]
-            with_retry(self.client.log_batch, self.run_id, metrics=metrics, tags=tags)
+            found = summary.read_json(out_dir / "summary.json")
+            with_retry(self.client.log_batch, self.run_id, metrics=summary.metrics(found),
+                       tags=summary.tags(found, error))
             if self.rows:
                 self.figure.save(self.rows, out_dir / "loss_scale.png")
-            for name in ARTIFACTS:
-                if (out_dir / name).exists():
-                    with_retry(self.client.log_artifact, self.run_id, str(out_dir / name))
-            first = summary.get("first_nonfinite")
-            if first:
-                where = f"{first['layer']}/{first['pass']}" if first.get("layer") else first["pass"]
-                with_retry(self.client.set_tag, self.run_id, "lsexp.first_nonfinite",
-                           f"{where}@{first['step']}")
-            for path in sorted(out_dir.glob("grad_hist_step*.csv")):  # drawn here, beside the job's teardown
-                if not path.with_suffix(".png").exists():
-                    from lsexp.training.telemetry import draw_histogram
-
-                    draw_histogram(path)
-            # telemetry=layers' table and heat map, and a precision recipe's counts per quantised tensor
-            layers = sorted(out_dir.glob("layers.*")) + sorted(out_dir.glob("precision.csv"))
-            # telemetry's histograms and per-parameter breakdown, and the per-layer table
-            for path in sorted(out_dir.glob("grad_*")) + layers:
-                with_retry(self.client.log_artifact, self.run_id, str(path), "telemetry")
+            summary.log_artifacts(self.client, self.run_id, out_dir)
+            summary.tag_first_nonfinite(self.client, self.run_id, found)
+            summary.log_telemetry(self.client, self.run_id, out_dir)
         finally:
             with_retry(self.client.set_terminated, self.run_id, status)
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def _one_line(err: BaseException) -> str:
