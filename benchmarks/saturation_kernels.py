@@ -91,7 +91,7 @@ def _variants():
 def main(rounds: int) -> None:
     import mindspore as ms
 
-    from lsexp.runtime.onednn import ENV, auto_isa
+    from lsexp.device.onednn import ENV, auto_isa
 
     isa = auto_isa()
     if isa:  # the cap lsexp's runs use on this machine (its calibration)

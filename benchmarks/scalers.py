@@ -42,11 +42,10 @@ def _steps(tmp: Path, stack: contextlib.ExitStack, order, common, strategy=None)
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lsexp import preflight
+    from lsexp import device, preflight
     from lsexp.config import paths
     from lsexp.config.registry import register_configs
-    from lsexp.runtime import device
-    from lsexp.runtime.decided import decide
+    from lsexp.device.decided import decide
     from lsexp.training.build import build, load_data
     from lsexp.training.job import Job
 

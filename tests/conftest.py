@@ -96,7 +96,7 @@ def machine_cpus() -> list:
 
 def _bind_worker(workerinput) -> None:
     """Under pytest -n N, worker i and every process its tests start run on their own share of the
-    cores, as lsexp binds the parallel jobs of a joblib sweep (lsexp.runtime.device.cpu_share): unbound,
+    cores, as lsexp binds the parallel jobs of a joblib sweep (lsexp.device.cpu_share): unbound,
     two MindSpore processes' actor and kernel threads wait on each other's time slices. Tests that need
     the whole machine ask for it with the `whole_machine` fixture. LSEXP_TEST_BIND=0 leaves them unbound."""
     cpus, n = machine_cpus(), int(workerinput.get("workercount", 1))
@@ -140,7 +140,7 @@ def pytest_configure(config):
         # Calibrate here, before pytest -n starts its workers: with tests running beside it the probe's
         # timings are too noisy to trust (under -n 2 a first CI run measured AVX2 0.279 s against
         # 0.320 s a step, below the 1.2 margin, and took null, 8x slower on convolutions).
-        from lsexp.runtime.onednn import auto_isa
+        from lsexp.device.onednn import auto_isa
 
         auto_isa()
 

@@ -31,7 +31,7 @@ def test_binding_moves_every_running_mindspore_thread(whole_machine):
     code = f"""
 import os, numpy as np, mindspore as ms
 from mindspore import nn
-from lsexp.runtime import device
+from lsexp import device
 ms.set_context(mode=ms.GRAPH_MODE)
 ms.set_device("CPU")
 net = nn.Dense(8, 4)

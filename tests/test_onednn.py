@@ -11,7 +11,7 @@ import pytest
 
 from conftest import run_cli
 from helpers.mlflow_store import runs, store
-from lsexp.runtime import onednn
+from lsexp.device import onednn
 
 X86 = pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="oneDNN's ISA cap is x86's")
 
@@ -159,7 +159,7 @@ def test_a_real_calibration_times_real_onednn_within_its_budget(cache):
             and all(v > 0 for v in entry["seconds_per_step"].values()))
     assert took < 30, took  # 15 s on an idle machine (README, Performance); the suite may share the cores
     assert 0 <= entry["others_cpu_share"] <= 1
-    assert not [line for line in _command_lines() if b"lsexp.runtime.onednn\0--serve" in line], \
+    assert not [line for line in _command_lines() if b"lsexp.device.onednn\0--serve" in line], \
         "a probe outlived its calibration"
 
 

@@ -18,8 +18,8 @@ from conftest import compose_cfg, run_cli
 from lsexp.config.errors import ConfigError
 from lsexp.config.facts import steps_per_epoch
 from lsexp.datasets.kinds import _epoch_slice
+from lsexp.device import onednn
 from lsexp.preflight import validate
-from lsexp.runtime import onednn
 from lsexp.scaleout.msrun import _rank_pids
 from lsexp.training.history import read_history
 from test_golden import GOLDEN, feature_differences

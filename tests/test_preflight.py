@@ -69,7 +69,7 @@ def test_a_network_and_data_of_ones_own_are_built_once_for_the_probe_and_the_run
 def test_what_a_job_imports_before_its_tracker_opens_imports_no_mindspore():
     # tracking=none in a config file lets the early worker go only when the tracker opens: MindSpore's
     # ~3 s import must come after that, not with the modules the job needs to get there
-    code = ("import sys, lsexp.app, lsexp.training.loop, lsexp.tracking.run, lsexp.runtime.decided, "
+    code = ("import sys, lsexp.app, lsexp.training.loop, lsexp.tracking.run, lsexp.device.decided, "
             "lsexp.scaleout.msrun; print('mindspore' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -265,7 +265,7 @@ def test_the_gradient_kernels_saturate_a_float32_gradient_at_the_amp_dtypes_larg
     import mindspore as ms
 
     from lsexp import saturation
-    from lsexp.runtime.native import library
+    from lsexp.native import library
 
     configure()
     top = getattr(saturation, largest)
@@ -290,7 +290,7 @@ def test_without_a_compiler_saturation_says_so_once_and_runs_in_mindspore_ops(tm
 
 
 def test_the_kernels_build_once_into_the_cache_and_nowhere_else(tmp_path, monkeypatch):
-    from lsexp.runtime import native
+    from lsexp import native
     from lsexp.saturation import KERNELS
 
     monkeypatch.setenv("LSEXP_CACHE_DIR", str(tmp_path / "cache"))

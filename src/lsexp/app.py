@@ -44,7 +44,7 @@ def _terminate_as_interrupt(signum, frame):
 def run(cfg: DictConfig) -> dict:
     """One experiment: the composed config in, its summary out. The config is left as composed; what is
     decided at run time is a Decided beside it."""
-    from lsexp.runtime.decided import decide
+    from lsexp.device.decided import decide
 
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     single = _single_run()
@@ -161,7 +161,7 @@ def _launch_ranks(cfg: DictConfig, decided, out_dir: Path, run) -> dict:
 def train_here(cfg: DictConfig, out_dir: Path, history=None) -> dict:
     """Train a composed config in this process, untracked, outside Hydra's run (a notebook, a test, a
     benchmark): the same checks, decisions and training as `python -m lsexp`, into out_dir."""
-    from lsexp.runtime.decided import decide
+    from lsexp.device.decided import decide
     from lsexp.training import job
     from lsexp.training.history import History
 

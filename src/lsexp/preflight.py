@@ -14,13 +14,12 @@ from typing import Any, List, Optional
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from lsexp import amp, datasets, optimizers, schedules, strategies, taps
+from lsexp import amp, datasets, device, optimizers, schedules, strategies, taps
 from lsexp.config import hydra_errors
 from lsexp.config.errors import ConfigError, halting
 from lsexp.config.facts import known_num_train
 from lsexp.precision import keys as precision_keys
 from lsexp.report import studies
-from lsexp.runtime import device
 from lsexp.scaleout import launchers, msrun
 from lsexp.strategies import Strategy
 from lsexp.tracking import uri

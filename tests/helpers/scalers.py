@@ -8,7 +8,7 @@ from typing import Dict, List, Sequence, Tuple
 def configure():
     """Graph mode and the oneDNN cap, as a run sets them."""
     from conftest import compose_cfg
-    from lsexp.runtime import device
+    from lsexp import device
 
     cfg = compose_cfg()
     device.configure(cfg.device, cfg.train.mode, None, device.onednn_isa(cfg.device))

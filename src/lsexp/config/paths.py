@@ -1,6 +1,7 @@
 """Where the configs are: inside the package when installed from a wheel, at the top of a checkout
-otherwise."""
+otherwise; and lsexp's cache folder on this machine."""
 
+import os
 from pathlib import Path
 
 _PACKAGE = Path(__file__).resolve().parents[1]  # src/lsexp, or lsexp/ inside a wheel
@@ -19,3 +20,12 @@ def conf_dir() -> Path:
 
 def experiments_dir() -> Path:
     return _find("experiments")
+
+
+def cache_dir() -> Path:
+    """$LSEXP_CACHE_DIR, else the XDG cache folder's lsexp/ (~/.cache/lsexp): oneDNN's calibration and
+    the C++ kernels, once per machine."""
+    if os.environ.get("LSEXP_CACHE_DIR"):
+        return Path(os.environ["LSEXP_CACHE_DIR"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base).expanduser() / "lsexp"

@@ -76,7 +76,7 @@ def native_saturates(dtype) -> bool:
 
 class Kernels:
     """KERNELS as MindSpore aot operators, from `library`, the shared object built from them
-    (lsexp.runtime.native): rule(x), flag(y, dout) (float32 [1]), rule_flag(y, dout) (both at once, on
+    (lsexp.native): rule(x), flag(y, dout) (float32 [1]), rule_flag(y, dout) (both at once, on
     dout), and as(largest), the rule for a parameter gradient that saturates at FP16_MAX or BF16_MAX."""
 
     def __init__(self, library: str):

@@ -9,7 +9,7 @@
 //   SaturateAsHalf(g), SaturateAsBfloat(g) -> g saturated at float16's (bfloat16's) largest value when
 //     g is float32: a parameter gradient that a float16 (bfloat16) operation made; else Saturate(g)
 //
-// Built by lsexp.runtime.native with the machine's C++ compiler; the ABI is MindSpore's aot one.
+// Built by lsexp.native with the machine's C++ compiler; the ABI is MindSpore's aot one.
 
 #include <cstdint>
 #include <cstring>

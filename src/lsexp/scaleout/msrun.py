@@ -188,7 +188,7 @@ def _rank_main(out_dir: Path) -> int:
     from mindspore.communication import get_rank
 
     from lsexp import strategies
-    from lsexp.runtime.decided import Decided
+    from lsexp.device.decided import Decided
     from lsexp.training import job
     from lsexp.training.history import History
     from lsexp.training.plan import plan_of

@@ -13,7 +13,7 @@ from typing import Optional
 
 import mindspore as ms
 
-from lsexp.runtime.native import built
+from lsexp.native import built
 from lsexp.saturation import FALLBACK, KERNELS, Kernels, native_saturates, saturate, saturated
 from lsexp.taps.cells import Transform
 

@@ -17,11 +17,11 @@ from typing import Any, Dict, Iterator, Optional
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from lsexp import device
 from lsexp.config.errors import Refused
 from lsexp.config.facts import dataset_name, model_name, run_name, world_size
 from lsexp.config.overrides import overrides_dict
 from lsexp.optimizers import divisor_params
-from lsexp.runtime import device
 from lsexp.tracking import protocol, resume
 from lsexp.tracking import worker as tracking_worker
 from lsexp.tracking.store import check_reachable, configured_uri
@@ -47,7 +47,7 @@ def refuse_if_unreachable(uri: Optional[str]) -> None:
 # --- one run -----------------------------------------------------------------------------------
 def flat_params(cfg: DictConfig, decided=None) -> Dict[str, str]:
     """The resolved config as dot keys (no hydra section, no credentials), with the values decided at
-    run time (lsexp.runtime.decided) in the keys they fill."""
+    run time (lsexp.device.decided) in the keys they fill."""
     container = OmegaConf.to_container(cfg, resolve=True)
     container.pop("hydra", None)
     out: Dict[str, str] = {}

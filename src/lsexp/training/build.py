@@ -115,7 +115,7 @@ def step_saturation(cfg, plan, taps, target: str) -> dict:
     """What the train step takes of device.overflow_mode=saturation (lsexp.engines.body.StepOptions): the
     taps' status probes, whether its check reads the emulated flag, and where a parameter gradient
     saturates."""
-    from lsexp.runtime.native import built
+    from lsexp.native import built
     from lsexp.saturation import BF16_MAX, FALLBACK, FP16_MAX, KERNELS, Kernels
 
     largest = FP16_MAX if cfg.amp.dtype == "float16" else BF16_MAX

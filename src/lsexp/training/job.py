@@ -25,7 +25,7 @@ class Checked:
 @dataclass(frozen=True)
 class Job:
     """What a training job is given: the config as composed, its plan and strategy, what was decided
-    at run time (lsexp.runtime.decided), where it writes, the device target in force and its rank."""
+    at run time (lsexp.device.decided), where it writes, the device target in force and its rank."""
 
     cfg: Any
     plan: Plan
@@ -58,7 +58,7 @@ def run(cfg, checked: Checked, decided, out_dir: Path, history, on_done: Optiona
 
 
 def _configure(cfg, decided) -> str:
-    from lsexp.runtime import device
+    from lsexp import device
 
     try:
         return device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)

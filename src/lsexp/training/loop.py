@@ -13,9 +13,9 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
+from lsexp import device
 from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
 from lsexp.engines.stats import Layout
-from lsexp.runtime import device
 from lsexp.training import checkpoint
 from lsexp.training.build import build, load_data, record_casts
 from lsexp.training.evaluate import evaluate

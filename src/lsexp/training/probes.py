@@ -46,8 +46,8 @@ def trace_shapes(cfg, plan):
     """Build the data and the network and run two samples forward, eagerly (PyNative), so that a
     network that cannot take the data fails with one line before anything is written. Returns the
     (data, network) for the run to train, so that neither is built twice."""
+    from lsexp import device
     from lsexp.models.loss import SoftmaxCrossEntropy
-    from lsexp.runtime import device
 
     device.configure(cfg.device, "pynative", cfg.device.threads_num, device.onednn_isa(cfg.device))
     try:
@@ -104,7 +104,7 @@ def bfloat16_refusal(cfg) -> Optional[str]:
     instead of a kernel-selection traceback from the compiled step, and a study shows it in its row."""
     import mindspore as ms
 
-    from lsexp.runtime import device
+    from lsexp import device
     from lsexp.training.plan import plan_of
 
     isa = device.onednn_isa(cfg.device)

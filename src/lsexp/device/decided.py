@@ -9,7 +9,7 @@ import contextlib
 from dataclasses import asdict, dataclass, replace
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from lsexp.runtime import device
+from lsexp import device
 
 
 @dataclass(frozen=True)

@@ -208,7 +208,7 @@ def onednn_isa(dev) -> Optional[str]:
         return None if isa is None else str(isa).upper()
     if resolve_target(str(dev.device_target)) != "CPU":
         return None
-    from lsexp.runtime.onednn import auto_isa
+    from lsexp.device.onednn import auto_isa
 
     return auto_isa()
 
@@ -220,7 +220,7 @@ def onednn_isa_in_force() -> Optional[str]:
 
 def configure(dev, mode: str, threads_num: Optional[int] = None, isa: Optional[str] = None) -> str:
     """Point MindSpore at the target and execution mode, with the job's kernel threads and oneDNN cap
-    (lsexp.runtime.decided); returns the target in use. Callable again (a traced batch runs in PyNative
+    (lsexp.device.decided); returns the target in use. Callable again (a traced batch runs in PyNative
     before a graph-mode run) with the same device."""
     global _device_set, _threads_set
     import mindspore as ms

@@ -1,6 +1,6 @@
 """C++ kernels for what MindSpore's CPU lacks, as its aot Custom operators take them: a source file that
 lsexp ships, built once per machine with the machine's C++ compiler ($CXX, else g++) and cached in
-lsexp's cache folder (lsexp.runtime.onednn.cache_dir), keyed by the source and the compiler.
+lsexp's cache folder (lsexp.config.paths.cache_dir), keyed by the source and the compiler.
 
 MindSpore can compile an aot source itself, but into akg_kernel_meta/ under the working directory, which
 would leave a folder in the user's; this builds into the cache, through a temporary file renamed into
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 from typing import Dict, Optional, Tuple
 
-from lsexp.runtime.onednn import cache_dir
+from lsexp.config.paths import cache_dir
 
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC")
 

@@ -1,4 +1,4 @@
-"""The measuring side of `device.onednn_max_cpu_isa=auto` (lsexp.runtime.onednn, which decides and
+"""The measuring side of `device.onednn_max_cpu_isa=auto` (lsexp.device.onednn, which decides and
 caches): a probe process per candidate cap, each timing a small training step on request, and the
 turns they take.
 
@@ -33,9 +33,9 @@ def _serve(isa: Optional[str]) -> subprocess.Popen:
         env[ENV] = isa
     env.setdefault("GLOG_v", "3")  # MindSpore's start-up chatter would fill the pipe
     # the probe is onednn's command with --serve, whose main runs serve() below: a process list shows
-    # a calibration's probes as lsexp.runtime.onednn's
+    # a calibration's probes as lsexp.device.onednn's
     return subprocess.Popen(
-        [sys.executable, "-m", "lsexp.runtime.onednn", "--serve"],
+        [sys.executable, "-m", "lsexp.device.onednn", "--serve"],
         env=env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

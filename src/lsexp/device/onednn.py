@@ -11,8 +11,8 @@ oneDNN's versions), so a shared home folder serves several kinds of machine. A c
 taken only when it is clearly faster: between near-equal candidates a cleared cache must not flip
 the choice, because the cap also changes the convolutions' rounding.
 
-    python -m lsexp.runtime.onednn          # calibrate now (or show the cached decision) and print it
-    python -m lsexp.runtime.onednn --again  # measure again and replace this machine's decision
+    python -m lsexp.device.onednn          # calibrate now (or show the cached decision) and print it
+    python -m lsexp.device.onednn --again  # measure again and replace this machine's decision
 """
 
 from __future__ import annotations
@@ -26,21 +26,14 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, Iterator, Optional, Tuple
 
-from lsexp.runtime.onednn_probe import CANDIDATES, ENV, CalibrationError, measure, serve
+from lsexp.config.paths import cache_dir
+from lsexp.device.onednn_probe import CANDIDATES, ENV, CalibrationError, measure, serve
 
 MARGIN = 1.2  # a cap must be this much faster than all the CPU has
 BUSY = 0.25  # a calibration while other processes took this share of the CPUs says so
 CACHE_FILE = "onednn-isa.json"
 
 Measure = Callable[[Tuple[Optional[str], ...]], Tuple[Dict[Optional[str], float], Optional[float]]]
-
-
-def cache_dir() -> Path:
-    """$LSEXP_CACHE_DIR, else the XDG cache folder's lsexp/ (~/.cache/lsexp)."""
-    if os.environ.get("LSEXP_CACHE_DIR"):
-        return Path(os.environ["LSEXP_CACHE_DIR"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "lsexp"
 
 
 def _cpu() -> Dict[str, str]:
@@ -197,7 +190,7 @@ def cached_or_calibrated(
             if entry.get("others_cpu_share", 0) > BUSY:
                 announce(
                     f"lsexp: other processes used {entry['others_cpu_share']:.0%} of the CPUs meanwhile, "
-                    f"which can hide a cap's gain; on a quiet machine, `python -m lsexp.runtime.onednn "
+                    f"which can hide a cap's gain; on a quiet machine, `python -m lsexp.device.onednn "
                     f"--again` measures again"
                 )
     finally:
