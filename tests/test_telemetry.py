@@ -95,8 +95,8 @@ def test_telemetry_reaches_mlflow_as_metrics_and_artifacts(tmp_path):
     client = MlflowClient(uri)
     (run,) = client.search_runs([client.get_experiment_by_name("lsexp").experiment_id])
     for key in ("grad_norm", "underflow_fraction", "overflow_fraction", "zero_fraction", "headroom_log2",
-                "layer_underflow_fraction_max", "layer_zero_fraction_max", "layer_overflow_fraction_max",
-                "layer_grad_amax_min_log2"):
+                "weight_norm", "layer_underflow_fraction_max", "layer_zero_fraction_max",
+                "layer_overflow_fraction_max", "layer_grad_amax_min_log2"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 12, key
     names = {a.path for a in client.list_artifacts(run.info.run_id, "telemetry")}
     # the histogram's PNG drawn by the tracking worker, from the CSVs the job wrote
@@ -116,3 +116,19 @@ def test_histogram_steps_outside_the_run_are_refused(tmp_path):
                                   "step(s) [0, 50] are outside this run's steps 1..20; "
                                   "pick steps in that range or raise train.max_steps")
 
+
+
+def test_the_weights_norm_is_the_trained_parameters_norm_after_each_update(train_run):
+    """weight_norm (telemetry.grads): at the last step, the global norm of the parameters the checkpoint
+    holds, which the step's update left; and it moves only on a step that updated."""
+    import mindspore as ms
+
+    _, rows, run_dir = train_run("amp=O2", "loss_scale=dynamic", "loss_scale.init_loss_scale=1024",
+                                 "inject.overflow_steps=[3]", "telemetry=grads", "train.max_steps=5",
+                                 "train.checkpoint=true")
+    saved = ms.load_checkpoint(str(run_dir / "checkpoint.ckpt"))
+    weights = [saved[n].asnumpy().astype(np.float64).ravel() for n in saved
+               if n.split(".")[0] in ("conv1", "conv2", "fc1", "fc2", "fc3")]
+    assert rows[-1]["weight_norm"] == pytest.approx(np.sqrt(sum((w * w).sum() for w in weights)), rel=1e-5)
+    assert rows[2]["overflow"] == 1 and rows[2]["weight_norm"] == rows[1]["weight_norm"]  # skipped: unmoved
+    assert rows[3]["weight_norm"] != rows[2]["weight_norm"]

@@ -362,6 +362,9 @@ class StepBody:
 
     def _stats(self, got, layers=None):
         """The step's one vector: its statistics by name in lsexp.engines.stats' order, then the taps'."""
+        if self.telemetry:  # after the update, which the loss depends on
+            flat = ops.concat(self.hyper_map(_flatten, ops.depend(self.weights, got["loss"])))
+            got["weight_norm"] = ops.sqrt((flat * flat).sum())
         stats = ops.stack([got[name] for name in self.columns])
         if layers is not None:
             stats = ops.concat((stats, layers))

@@ -38,6 +38,9 @@ STATS: Tuple[Stat, ...] = (
     Stat("overflow_fraction", when="telemetry"),
     Stat("zero_fraction", when="telemetry"),
     Stat("headroom_log2", when="telemetry", measured_on_overflow=False),
+    # and the parameters' global norm after the update: weights that grow step after step diverge in
+    # float32's range, not float16's
+    Stat("weight_norm", when="telemetry"),
     # a strategy that measures_amax: the largest unscaled gradient magnitude after the reducer
     Stat("grad_amax", when="measure_amax", measured_on_overflow=False),
     # optimizer.clip_grad_norm: the unscaled global norm the clip saw; the loop adds `clipped` after
