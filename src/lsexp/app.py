@@ -93,14 +93,16 @@ def _leave_nothing(out_dir: Path) -> None:
     """A single run refused by a probe of its network: Hydra has made its folder, with its .hydra/ and the
     job's log. Both go when nothing else is in the folder, and so do the folders above it, up to the
     working directory, that held only it."""
-    from lsexp.tracking.resume import KEPT
-
-    own = {KEPT[0], f"{HydraConfig.get().job.name}.log"}
+    hydra = HydraConfig.get()
+    own = {hydra.output_subdir, f"{hydra.job.name}.log"} - {None}
     if not out_dir.is_dir() or {p.name for p in out_dir.iterdir()} - own:
         return
-    shutil.rmtree(out_dir / KEPT[0], ignore_errors=True)
-    (out_dir / f"{HydraConfig.get().job.name}.log").unlink(missing_ok=True)
-    top = Path(HydraConfig.get().runtime.cwd).resolve()
+    for name in own:
+        if (out_dir / name).is_dir():
+            shutil.rmtree(out_dir / name)
+        else:
+            (out_dir / name).unlink(missing_ok=True)
+    top = Path(hydra.runtime.cwd).resolve()
     folder = out_dir.resolve()
     while folder != top and top in folder.parents and not any(folder.iterdir()):
         folder.rmdir()
