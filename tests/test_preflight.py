@@ -101,3 +101,17 @@ def test_a_run_builds_its_network_once_before_the_step_and_once_more_for_its_cas
                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == f"built {built}"
+
+
+def test_a_refusal_from_a_probe_of_the_network_leaves_a_folder_of_ones_own_as_it_was(tmp_path):
+    """A single run is probed when it starts, after Hydra has made its folder: the refusal takes away what
+    Hydra wrote for it, and only that, into a hydra.run.dir that holds files of the user's."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    (folder / "lsexp.log").write_text("an earlier run's log\n")
+    out = run_cli("inject.layer=nope", "inject.overflow_steps=[2]", "tracking=none",
+                  f"hydra.run.dir={folder}", cwd=tmp_path)
+    assert out.returncode == 2 and "inject.layer=nope: model._target_=" in out.stderr
+    assert sorted(p.name for p in folder.iterdir()) == ["lsexp.log", "notes.txt"]
+    assert (folder / "lsexp.log").read_text() == "an earlier run's log\n"

@@ -7,6 +7,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import NoReturn
@@ -22,6 +23,7 @@ from lsexp.config.registry import register_configs
 from lsexp.scaleout import launchers
 
 log = logging.getLogger("lsexp")
+_STARTED = time.time()  # what Hydra writes for this run is newer
 # MindSpore writes a failed (or Ctrl-C'd) graph compile's analyze_fail.ir under $MS_OM_PATH/rank_N/om,
 # the working directory by default: the user's folder. A job puts it in its own folder instead, unless
 # the user chose a place.
@@ -91,20 +93,19 @@ def _single_run() -> bool:
 
 def _leave_nothing(out_dir: Path) -> None:
     """A single run refused by a probe of its network: Hydra has made its folder, with its .hydra/ and the
-    job's log. Both go when nothing else is in the folder, and so do the folders above it, up to the
-    working directory, that held only it."""
+    job's log. What this run made goes: the .hydra/ it wrote (a copy an earlier run left is overwritten
+    by then), the log while nothing is in it (an earlier run's keeps its lines), and the folders above it,
+    up to the working directory, that held only it."""
     hydra = HydraConfig.get()
-    own = {hydra.output_subdir, f"{hydra.job.name}.log"} - {None}
-    if not out_dir.is_dir() or {p.name for p in out_dir.iterdir()} - own:
-        return
-    for name in own:
-        if (out_dir / name).is_dir():
-            shutil.rmtree(out_dir / name)
-        else:
-            (out_dir / name).unlink(missing_ok=True)
+    log = out_dir / f"{hydra.job.name}.log"
+    if log.is_file() and log.stat().st_size == 0:
+        log.unlink()
+    own = out_dir / hydra.output_subdir if hydra.output_subdir else None
+    if own is not None and own.is_dir() and all(f.stat().st_mtime >= _STARTED for f in own.iterdir()):
+        shutil.rmtree(own)
     top = Path(hydra.runtime.cwd).resolve()
     folder = out_dir.resolve()
-    while folder != top and top in folder.parents and not any(folder.iterdir()):
+    while folder != top and top in folder.parents and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent
 
