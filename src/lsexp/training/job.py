@@ -62,9 +62,7 @@ def _configure(cfg, decided) -> str:
 
     try:
         return device.configure(cfg.device, cfg.train.mode, decided.threads_num, decided.onednn_max_cpu_isa)
-    except ConfigError:
-        raise
-    except (RuntimeError, ValueError) as err:
+    except (RuntimeError, ValueError) as err:  # a ConfigError of device's own passes as it is
         raise ConfigError([f"device.device_target={cfg.device.device_target}: MindSpore cannot use it "
                            f"({str(err).splitlines()[0]}); use device=cpu"]) from None
 
