@@ -21,10 +21,21 @@ def lists_of(amp) -> tuple:
     return (list(white) if white else None), (list(black) if black else None)
 
 
-def records(amp) -> bool:
-    """Whether the run records its cast map (casts.csv): under amp.level=auto, and with a cast list."""
+# the levels under which lsexp emulates bfloat16 on a CPU (lsexp.amp.emulated): those that cast cells
+EMULATED_LEVELS = ("O2", "O3")
+
+
+def emulates(amp, target: str) -> bool:
+    """Whether a run on the device target emulates bfloat16, its CPU kernels lacking it
+    (lsexp.amp.emulated)."""
+    return amp.dtype == "bfloat16" and amp.level in EMULATED_LEVELS and target == "CPU"
+
+
+def records(amp, target: str) -> bool:
+    """Whether the run records its cast map (casts.csv): under amp.level=auto, with a cast list, and where
+    it emulates bfloat16."""
     white, black = lists_of(amp)
-    return amp.level == "auto" or bool(white) or bool(black)
+    return amp.level == "auto" or bool(white) or bool(black) or emulates(amp, target)
 
 
 def problems(cfg) -> List[str]:

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Dict, List
 
 CASTS_CSV = "casts.csv"
-COLUMNS = ("cell", "class", "op", "dtype", "count")
+# emulates: "bfloat16" where the operator computes in float32 on values rounded to bfloat16 at its cell's
+# boundary, because MindSpore's CPU kernels lack bfloat16 (lsexp.amp.emulated)
+COLUMNS = ("cell", "class", "op", "dtype", "count", "emulates")
 # bookkeeping, not computation: the casts themselves are what the map shows the effect of
 _SKIP = {"Cast", "Load", "MakeTuple", "UpdateState", "TupleGetItem", "Depend", "Return", "Assign",
          "StopGradient", "Reshape", "Shape", "ZerosLike", "OnesLike"}
@@ -48,7 +50,20 @@ def read_ir(text: str) -> List[Dict[str, object]]:
             continue
         cell, cls = _cell_of(scope)
         counts[(cell, cls, op, dtypes[0].lower())] += 1
-    return [dict(zip(COLUMNS, key + (n,))) for key, n in counts.items()]
+    return [dict(zip(COLUMNS, key + (n, ""))) for key, n in counts.items()]
+
+
+def _emulated_cells(net) -> List[str]:
+    """The paths, as the cast map names cells, of the cells lsexp.amp.emulated wrapped."""
+    return [".".join(p for p in path.split(".") if p not in _WRAPPER_ATTRS)
+            for path, cell in net.cells_and_names() if type(cell).__name__ == "RoundedToBfloat16"]
+
+
+def _mark_emulated(rows: List[Dict[str, object]], cells: List[str]) -> None:
+    for r in rows:
+        cell = str(r["cell"])
+        if any(c == "" or cell == c or cell.startswith(c + ".") for c in cells):
+            r["emulates"] = "bfloat16"
 
 
 def cast_map(net, *inputs) -> List[Dict[str, object]]:
@@ -75,7 +90,9 @@ def cast_map(net, *inputs) -> List[Dict[str, object]]:
                        if re.fullmatch(r"\d+_execute_\d+\.ir", os.path.basename(f)))
         if not files:
             raise RuntimeError("MindSpore wrote no IR for the cast map")
-        return read_ir(Path(files[-1]).read_text())
+        rows = read_ir(Path(files[-1]).read_text())
+    _mark_emulated(rows, _emulated_cells(net))
+    return rows
 
 
 def write_csv(rows: List[Dict[str, object]], path: Path) -> None:
@@ -86,11 +103,14 @@ def write_csv(rows: List[Dict[str, object]], path: Path) -> None:
 
 
 def summary(rows: List[Dict[str, object]]) -> Dict[str, object]:
-    """For summary.json and the run's params: how many operators computed in each type, and the cells
-    that computed in float32 while others computed in low precision."""
+    """For summary.json and the run's params: how many operators computed in each type (and of them, how
+    many emulate bfloat16), and the cells that computed in float32 while others computed in low precision
+    (or emulated it)."""
     by_dtype: Counter = Counter()
     for r in rows:
         by_dtype[r["dtype"]] += int(r["count"])
-    low = {r["cell"] for r in rows if r["dtype"] in ("float16", "bfloat16")}
+        if r.get("emulates"):
+            by_dtype[f"emulated_{r['emulates']}"] += int(r["count"])
+    low = {r["cell"] for r in rows if r["dtype"] in ("float16", "bfloat16") or r.get("emulates")}
     kept = sorted({r["cell"] for r in rows if r["dtype"] == "float32" and r["cell"] not in low and r["cell"]})
     return {"ops_by_dtype": dict(sorted(by_dtype.items())), "float32_cells": kept}

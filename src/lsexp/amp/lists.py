@@ -71,7 +71,8 @@ def _replace(net, path: str, new: nn.Cell) -> None:
 
 
 def with_amp(net, amp, out_dir: Path):
-    """`net` in amp.level's precision with amp.white_list or amp.black_list applied."""
+    """`net` in amp.level's precision with amp.white_list or amp.black_list applied; bfloat16 on a CPU
+    emulated (lsexp.amp.emulated)."""
     dtype = ms.float16 if amp.dtype == "float16" else ms.bfloat16
     white, black = lists_of(amp)
     names = white or black or []
@@ -98,4 +99,8 @@ def with_amp(net, amp, out_dir: Path):
         for path in paths:
             found = path if path in after else next(k for k in after if k.endswith("." + path))
             _replace(net, found, LowPrecision(after[found], dtype))
+    if dtype == ms.bfloat16 and ms.get_context("device_target") == "CPU":
+        from lsexp.amp.emulated import emulate
+
+        net, _ = emulate(net)
     return net

@@ -239,8 +239,8 @@ def _wrappable(net: nn.Cell):
             continue
         path = _model_path(path, taps)
         for attr, child in list(cell.name_cells().items()):
-            if isinstance(child, PRODUCTS):
-                yield cell, attr, f"{path}.{attr}" if path else attr
+            if isinstance(child, PRODUCTS):  # a product in an amp wrapper has the wrapper's name
+                yield cell, attr, path if attr == AMP_WRAPPER[:-1] else f"{path}.{attr}" if path else attr
 
 
 def products(net: nn.Cell) -> List[str]:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
-from lsexp import device
+from lsexp import amp, device
 from lsexp.config.facts import run_name, step_batch, steps_per_epoch, total_steps
 from lsexp.engines.stats import Layout
 from lsexp.training import checkpoint
@@ -90,7 +90,7 @@ def _setup(job, history: History) -> _Run:
     data = probed.data if probed is not None and probed.data is not None else load_data(cfg)
     net = probed.net if probed is not None else None
     last, per_epoch = total_steps(cfg, data.num_train), steps_per_epoch(cfg, data.num_train)
-    casts = record_casts(cfg, data, out_dir) if primary and plan.records_casts else None
+    casts = record_casts(cfg, data, out_dir) if primary and amp.records(cfg.amp, job.target) else None
     net, step_cell, taps = build(job, last, net=net)
     done, skipped = checkpoint.resume(step_cell, cfg.train.resume, strategy, cfg.engine.name) \
         if cfg.train.resume else (0, 0)

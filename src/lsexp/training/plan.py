@@ -22,7 +22,6 @@ class Plan:
     status_check: bool  # device.status_check: the overflow check reads the emulated flag
     locate: bool  # telemetry.locate in the compiled step: an overflowed step is replayed
     precision: Optional[str]  # precision.recipe, None for none
-    records_casts: bool  # casts.csv: under amp.level=auto or a cast list
     cast_lists: bool  # amp.white_list or amp.black_list names cells of the network
     grads: bool  # telemetry.grads: the gradients' statistics in every step
     histogram_steps: Tuple[int, ...]  # telemetry.histogram_steps
@@ -70,7 +69,6 @@ def plan_of(cfg) -> Plan:
         status_check=saturation and bool(cfg.device.get("status_check")),
         locate=cfg.train.mode == "graph" and bool(telemetry.get("locate")),
         precision=recipe,
-        records_casts=amp.records(cfg.amp),
         cast_lists=any(amp.lists_of(cfg.amp)),
         grads=bool(telemetry.grads),
         histogram_steps=tuple(telemetry.histogram_steps),

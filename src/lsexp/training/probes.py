@@ -4,10 +4,10 @@ give against the network's cells. The network they build is the one the step the
 
 from __future__ import annotations
 
-import contextlib
 import re
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, List, Optional
 
 from lsexp import amp
@@ -98,13 +98,16 @@ def tap_problems(cfg, plan, net) -> List[str]:
 
 
 def bfloat16_refusal(cfg) -> Optional[str]:
-    """amp.dtype=bfloat16 on a CPU: one forward and backward pass of two samples, eagerly, in amp.level's
-    precision. The line naming an operator MindSpore's CPU kernels lack in bfloat16, or None when the
-    pass runs (or the target is not a CPU): preflight refuses the run with it before anything is written,
-    instead of a kernel-selection traceback from the compiled step, and a study shows it in its row."""
+    """amp.dtype=bfloat16 on a CPU: one forward and backward pass of two samples, eagerly, of the network
+    as the run casts it (lsexp.amp.emulated computes in float32 the cells amp casts to bfloat16, since
+    MindSpore's CPU kernels mostly lack it). The line naming an operator that still meets a CPU kernel
+    without bfloat16 (under amp.level=auto, which casts operator by operator, or in a user's own cells),
+    or None when the pass runs (or the target is not a CPU): preflight refuses the run with it before
+    anything is written, instead of a kernel-selection traceback from the compiled step."""
     import mindspore as ms
 
     from lsexp import device
+    from lsexp.amp.lists import with_amp
     from lsexp.training.plan import plan_of
 
     isa = device.onednn_isa(cfg.device)
@@ -112,8 +115,8 @@ def bfloat16_refusal(cfg) -> Optional[str]:
         return None
     data = load_data(cfg)
     x, y = next(iter(data.batches(cfg.dataset, 0, 0)))
-    with tempfile.TemporaryDirectory() as scratch, contextlib.chdir(scratch):  # O1's rewritten source
-        net = ms.amp.auto_mixed_precision(network(cfg), cfg.amp.level, dtype=ms.bfloat16)
+    with tempfile.TemporaryDirectory() as scratch:  # O1's rewritten source
+        net = with_amp(network(cfg), cfg.amp, Path(scratch))
         loss_net = ms.nn.WithLossCell(net, loss(cfg, plan_of(cfg)))
         try:
             ms.value_and_grad(loss_net, None, net.trainable_params())(x[:2], y[:2])
@@ -123,6 +126,6 @@ def bfloat16_refusal(cfg) -> Optional[str]:
                 raise
             return (f"amp.dtype=bfloat16: MindSpore {ms.__version__}'s CPU kernels have no bfloat16 "
                     f"{found.group(1)}, which model._target_={cfg.model._target_} needs at "
-                    f"amp.level={cfg.amp.level}; use amp.dtype=float16 with a loss_scale, amp.level=O0, or a "
-                    f"GPU or Ascend device")
+                    f"amp.level={cfg.amp.level}; use amp=O2 or O3 (lsexp emulates bfloat16 there on a CPU), "
+                    f"amp.dtype=float16 with a loss_scale, or a GPU or Ascend device")
     return None
