@@ -263,15 +263,3 @@ def test_an_experiment_sets_plain_keys_of_the_primary_config_too():
                             "inject.overflow_steps=[5]").inject.overflow_steps) == [5]
 
 
-@pytest.mark.parametrize("args,op,model", [
-    (["amp=O2"], "Conv2D", "lsexp.models.lenet5.LeNet5"),  # the default experiment
-    (["workload=transformer_sequence", "amp=O3"], "Gather", "lsexp.models.transformer_encoder.Transformer"),
-])
-def test_bfloat16_on_cpu_names_the_kernel_mindspore_lacks_in_one_line(tmp_path, args, op, model):
-    out = run_cli(*args, "amp.dtype=bfloat16", "loss_scale=none", cwd=tmp_path)
-    assert out.returncode == 2, out.stderr
-    assert out.stderr.strip().splitlines() == [
-        f"lsexp: config error: amp.dtype=bfloat16: MindSpore 2.10.0's CPU kernels have no bfloat16 {op}, "
-        f"which model._target_={model} needs at amp.level={args[-1][4:]}; use amp.dtype=float16 with a "
-        f"loss_scale, amp.level=O0, or a GPU or Ascend device"]
-    assert list(tmp_path.iterdir()) == []

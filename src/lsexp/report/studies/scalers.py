@@ -135,6 +135,7 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
     forward and backward pass does not involve the scaler), with amp.dtype=bfloat16."""
     from omegaconf import OmegaConf
 
+    from lsexp import amp
     from lsexp.training.probes import bfloat16_refusal
 
     run = min(runs, key=lambda r: (arm(r) != "none", r.seed))
@@ -143,7 +144,8 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
         return "not probed: the run logged no config.yaml"
     cfg = OmegaConf.load(path)
     cfg.amp.dtype = "bfloat16"
-    return bfloat16_refusal(cfg) or f"amp.dtype=bfloat16 runs on {cfg.device.device_target} (not swept)"
+    how = ", emulated (docs/casts.md)" if amp.emulates(cfg.amp, cfg.device.device_target) else ""
+    return bfloat16_refusal(cfg) or f"amp.dtype=bfloat16 runs on {cfg.device.device_target}{how} (not swept)"
 
 
 def _note(runs: List[StudyRun]) -> str:
