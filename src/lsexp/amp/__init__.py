@@ -21,14 +21,17 @@ def lists_of(amp) -> tuple:
     return (list(white) if white else None), (list(black) if black else None)
 
 
-# the levels under which lsexp emulates bfloat16 on a CPU (lsexp.amp.emulated): those that cast cells
+# the levels under which lsexp emulates bfloat16 on a CPU (lsexp.amp.emulated): those that cast whole
+# cells (and O0's white list); O1 rewrites the network's source and auto casts operator by operator
 EMULATED_LEVELS = ("O2", "O3")
 
 
 def emulates(amp, target: str) -> bool:
     """Whether a run on the device target emulates bfloat16, its CPU kernels lacking it
     (lsexp.amp.emulated)."""
-    return amp.dtype == "bfloat16" and amp.level in EMULATED_LEVELS and target == "CPU"
+    white, _ = lists_of(amp)
+    cast = amp.level in EMULATED_LEVELS or (amp.level == "O0" and bool(white))
+    return amp.dtype == "bfloat16" and cast and target == "CPU"
 
 
 def records(amp, target: str) -> bool:
