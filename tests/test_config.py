@@ -202,6 +202,10 @@ def test_cli_config_error_is_one_line_and_writes_nothing(tmp_path, args, keys):
     (["loss_scale=none,dynamic"], "loss_scale=none,dynamic: a comma sweeps only in a multirun; add -m"),
     (["-m", "loss_scale=none,dynamc", "train.seed=1,2"],
      "loss_scale=dynamc: no such option; did you mean loss_scale=dynamic? the options are "),
+    # a key another model has names the models that have it
+    (["model.vocab_size=4"],
+     "model.vocab_size=4: LeNet5Config has no key 'vocab_size'; its keys are num_class, num_channel, "
+     "image_size; model=gpt and model=transformer have it"),
 ])
 @pytest.mark.slow  # out of the quick suite, which holds 6 minutes (docs/testing.md)
 def test_a_config_hydra_cannot_compose_is_one_line_and_exit_2_with_nothing_written(tmp_path, args, line):

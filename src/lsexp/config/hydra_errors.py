@@ -137,10 +137,26 @@ def _missing_option(ex) -> str:
 
 def _unknown_key(key: str, schema, full_key: str) -> str:
     keys = [f.name for f in dataclasses.fields(schema) if not f.name.startswith("_")]
-    close = difflib.get_close_matches(key, keys, n=1)
+    elsewhere = _has_it(key, full_key)  # then the key is no typo of one of these
+    close = [] if elsewhere else difflib.get_close_matches(key, keys, n=1)
     parent = full_key.rpartition(".")[0]
     hint = f"did you mean {parent + '.' if parent else ''}{close[0]}? " if close else ""
-    return f"{schema.__name__} has no key '{key}'; {hint}its keys are {', '.join(keys)}"
+    return f"{schema.__name__} has no key '{key}'; {hint}its keys are {', '.join(keys)}{elsewhere}"
+
+
+def _has_it(key: str, full_key: str) -> str:
+    """The options of the model or data set group whose schema has `key` (their options are named as
+    their families are), for a key another family has: `model.scaling` on a model without it."""
+    group = full_key.partition(".")[0]
+    if group not in ("model", "dataset") or "." in full_key.partition(".")[2]:
+        return ""
+    from lsexp.config import families
+
+    have = sorted(name for name, module in families.schemas(group).items()
+                  if key in {f.name for f in dataclasses.fields(module.SCHEMA)})
+    if not have:
+        return ""
+    return f"; {' and '.join(f'{group}={name}' for name in have)} {'has' if len(have) == 1 else 'have'} it"
 
 
 def _first(text: str) -> str:
