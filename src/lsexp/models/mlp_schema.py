@@ -8,14 +8,20 @@ from lsexp.config.schema import ImageModelConfig
 class MLPConfig(ImageModelConfig):
     _target_: str = "lsexp.models.mlp.MLP"
     hidden_units: List[int] = field(default_factory=lambda: [256, 128])
+    scaling: str = "standard"  # or "unit": unit scaling (lsexp.models.unit), Blake et al. 2023
 
 
 SCHEMA = MLPConfig
 
 
+SCALINGS = ("standard", "unit")
+
+
 def problems(cfg) -> List[str]:
-    units = list(cfg.model.hidden_units)
+    units, p = list(cfg.model.hidden_units), []
     if any(u < 1 for u in units):
-        return [f"model.hidden_units={units}: every hidden layer needs >= 1 unit; e.g. [256, 128], "
-                f"or [] for no hidden layer"]
-    return []
+        p.append(f"model.hidden_units={units}: every hidden layer needs >= 1 unit; e.g. [256, 128], "
+                 f"or [] for no hidden layer")
+    if cfg.model.scaling not in SCALINGS:
+        p.append(f"model.scaling={cfg.model.scaling}: use standard or unit (docs/unit_scaling.md)")
+    return p
