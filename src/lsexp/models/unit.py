@@ -8,8 +8,9 @@ against it.
 
 The library's two primitives (scale.py): scale_fwd(x, s) multiplies by s going forward and passes the
 gradient as it is; scale_bwd(x, s) passes x as it is and multiplies the gradient by s. An op scale_bwd's
-its inputs, applies the plain op and scale_fwd's its output. Where the library's default constraint
-("gmean") ties the output's scale to the input gradient's, both take their geometric mean."""
+its inputs, applies the plain op and scale_fwd's its output; here each op is one cell with its own
+bprop, which computes the same. Where the library's default constraint ("gmean") ties the output's
+scale to the input gradient's, both take their geometric mean."""
 
 from __future__ import annotations
 
@@ -29,25 +30,30 @@ def gmean(*scales: float) -> float:
     return math.prod(scales) ** (1 / len(scales))
 
 
-class ScaleGrad(nn.Cell):
-    """scale_bwd with a scale given at each call: x going forward, the gradient times `scale` coming
-    back (unit_scaling/scale.py, _ScaledGrad with fwd_scale 1)."""
+class _ScaledLinear(nn.Cell):
+    """(x @ w.T + b) * output_scale, and its backward in one custom bprop: the input's gradient times
+    grad_input_scale, the weight's and bias's times batch ** -1/2. One cell instead of a scale_bwd per
+    input and a scale_fwd: a CPU step is bound by per-operator dispatch (docs/unit_scaling.md)."""
 
-    def construct(self, x, scale):
-        return x
+    def __init__(self, fan_in: int, fan_out: int, output_scale: float, grad_input_scale: float):
+        super().__init__()
+        self.fan_in, self.fan_out = fan_in, fan_out
+        self.output_scale, self.grad_input_scale = output_scale, grad_input_scale
+        self.matmul_nt = ops.MatMul(transpose_b=True)
+        self.matmul_tn = ops.MatMul(transpose_a=True)
 
-    def bprop(self, x, scale, out, dout):
-        return dout * scale, ops.zeros_like(scale)
+    def construct(self, x, w, b):
+        if x.ndim == 2:
+            return ops.bias_add(self.matmul_nt(x, w), b) * self.output_scale
+        return (ops.matmul(x, w.T) + b) * self.output_scale
 
-
-class ScaleForward(nn.Cell):
-    """scale_fwd: x times `scale` going forward, the gradient passed as it is (unit_scaling/scale.py)."""
-
-    def construct(self, x, scale):
-        return x * scale
-
-    def bprop(self, x, scale, out, dout):
-        return dout, ops.zeros_like(scale)
+    def bprop(self, x, w, b, out, dout):
+        weight_scale = (x.size // self.fan_in) ** -0.5
+        g, x2 = dout, x
+        if x.ndim != 2:
+            g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
+        return (ops.matmul(dout, w) * self.grad_input_scale, self.matmul_tn(g, x2) * weight_scale,
+                g.sum(0) * weight_scale)
 
 
 class UnitDense(nn.Cell):
@@ -65,45 +71,41 @@ class UnitDense(nn.Cell):
         output, grad_input = in_channels ** -0.5, out_channels ** -0.5
         if constraint == "gmean":
             output = grad_input = gmean(output, grad_input)
-        self.output_scale, self.grad_input_scale = output, grad_input
-        self.in_channels = in_channels
-        self.grad, self.forward_scale = ScaleGrad(), ScaleForward()
+        self.linear = _ScaledLinear(in_channels, out_channels, output, grad_input)
 
     def construct(self, x):
-        batch = x.size // self.in_channels
-        grad_scale = ops.scalar_to_tensor(batch ** -0.5, x.dtype)
-        w = self.grad(ops.cast(self.weight, x.dtype), grad_scale)
-        b = self.grad(ops.cast(self.bias, x.dtype), grad_scale)
-        y = ops.matmul(self.grad(x, ops.scalar_to_tensor(self.grad_input_scale, x.dtype)), w.T) + b
-        return self.forward_scale(y, ops.scalar_to_tensor(self.output_scale, x.dtype))
+        w, b = self.weight, self.bias
+        if w.dtype != x.dtype:  # under amp, as nn.Dense computes in its input's type
+            w, b = ops.cast(w, x.dtype), ops.cast(b, x.dtype)
+        return self.linear(x, w, b)
 
 
 class UnitReLU(nn.Cell):
     """ReLU scaled as unit_scaling/functional.py's scale_elementwise scales an element-wise function,
-    with its default constraint gmean: output and gradient by (1 / RELU_OUTPUT_STD / RELU_GRAD_STD) ** 1/2
-    (derived: the library has no ReLU)."""
+    with its default constraint gmean: output and gradient both by (1 / RELU_OUTPUT_STD /
+    RELU_GRAD_STD) ** 1/2 (derived: the library has no ReLU). With the two scales equal and positive, that
+    is relu(scale * x), whose own gradient is scale * 1[x > 0] * g."""
 
     def __init__(self):
         super().__init__()
         self.scale = gmean(1 / RELU_OUTPUT_STD, 1 / RELU_GRAD_STD)
-        self.grad, self.forward_scale = ScaleGrad(), ScaleForward()
 
     def construct(self, x):
-        scale = ops.scalar_to_tensor(self.scale, x.dtype)
-        return self.forward_scale(ops.relu(self.grad(x, scale)), scale)
+        return ops.relu(x * self.scale)
 
 
 class UnitCrossEntropyGrad(nn.Cell):
     """The backward of unit_scaling/functional.py's cross_entropy, on the logits: the gradient of the
     summed loss times num_class / sqrt(num_class - 1), not divided by the batch. lsexp's loss is the batch
     mean (what is logged is the same number as the library's forward gives), so the gradient that reaches
-    the logits is scaled back by the batch too."""
+    the logits is scaled back by the batch too. The identity going forward."""
 
     def __init__(self, num_class: int):
         super().__init__()
         self.factor = num_class / math.sqrt(num_class - 1) if num_class > 1 else 1.0
-        self.grad = ScaleGrad()
 
     def construct(self, logits):
-        batch = logits.size // logits.shape[-1]
-        return self.grad(logits, ops.scalar_to_tensor(self.factor * batch, logits.dtype))
+        return logits
+
+    def bprop(self, logits, out, dout):
+        return (dout * (self.factor * (logits.size // logits.shape[-1])),)
