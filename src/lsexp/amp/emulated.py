@@ -12,8 +12,6 @@ what is left unrounded is only what one cell's construct computes between its ca
 
 from __future__ import annotations
 
-from typing import List, Tuple
-
 from mindspore import Tensor, nn, ops
 from mindspore import dtype as mstype
 
@@ -55,11 +53,11 @@ def _kept_by_o2(cell) -> bool:
     return type(cell).__name__ == "_OutputTo16"
 
 
-def emulate(net: nn.Cell) -> Tuple[nn.Cell, List[str]]:
-    """`net` as amp cast it to bfloat16, emulated as the module says, in place; returns the network and
-    the names (as cells_and_names() gave them before) of the cells that now compute in float32 on rounded
-    values. MindSpore's O2 and O3 wrap the model in _OutputTo32, whose place the model's own wrapper
-    takes, so that the cells' paths stay as amp made them."""
+def emulate(net: nn.Cell) -> nn.Cell:
+    """`net` as amp cast it to bfloat16, emulated as the module says, in place; returns the network.
+    MindSpore's O2 and O3 wrap the model in _OutputTo32, whose place the model's own wrapper takes, so
+    that the cells' paths stay as amp made them. The cast map finds the wrapped cells
+    (lsexp.amp.graph)."""
     model = net._backbone if type(net).__name__ == "_OutputTo32" else net
     kept = [(p, p.name) for p in net.get_parameters()]
     cells = list(model.cells_and_names())
@@ -68,8 +66,7 @@ def emulate(net: nn.Cell) -> Tuple[nn.Cell, List[str]]:
         if id(cell) in low:  # one by one: a cell amp kept in float32 inside one it cast keeps its flags
             cell.add_flags(fp16=False, fp32=True, bf16=False)
     one = {id(c) for _, cell in cells if isinstance(cell, CALLS_AS_ONE) for _, c in cell.cells_and_names()}
-    names = []
-    for path, cell in reversed(cells):  # the innermost first, so that each wrapper holds its wrapped cells
+    for _, cell in reversed(cells):  # the innermost first, so that each wrapper holds its wrapped cells
         if id(cell) in one:
             continue
         for attr, child in list(cell.name_cells().items()):
@@ -80,9 +77,8 @@ def emulate(net: nn.Cell) -> Tuple[nn.Cell, List[str]]:
                 cell[int(attr)] = new
             else:
                 setattr(cell, attr, new)
-            names.append(f"{path}.{attr}" if path else attr)
     if id(model) in low:
         net = RoundedToBfloat16(model)
     for p, name in kept:  # the wrappers would put their attribute names into theirs
         p.name = name
-    return net, sorted(names)
+    return net

@@ -102,5 +102,5 @@ def with_amp(net, amp, out_dir: Path):
     if dtype == ms.bfloat16 and ms.get_context("device_target") == "CPU":
         from lsexp.amp.emulated import emulate
 
-        net, _ = emulate(net)
+        net = emulate(net)
     return net
