@@ -27,7 +27,9 @@ class Probed:
 
 def probe(cfg, plan) -> Optional[Probed]:
     """Every probe the config needs, in order; ConfigError with the first that fails."""
-    if cfg.amp.dtype == "bfloat16" and cfg.amp.level != "O0":
+    # where lsexp emulates bfloat16 (lsexp.amp.emulated), every cast cell computes in float32: no probe
+    emulated = amp.emulates(cfg.amp, cfg.device.device_target)
+    if cfg.amp.dtype == "bfloat16" and cfg.amp.level != "O0" and not emulated:
         refusal = bfloat16_refusal(cfg)
         if refusal:
             raise ConfigError([refusal])
