@@ -13,6 +13,7 @@ from helpers.study_sweep import cell_values, interval, study_sweep, study_table
 ARMS = {
     "float32": ("O0", "none", "none"),
     "dynamic": ("O2", "dynamic", "none"),
+    "bfloat16": ("O2", "none", "none"),
     "fp8_delayed": ("O2", "dynamic", "fp8_delayed"),
     "fp8_current": ("O2", "dynamic", "fp8_current"),
     "mxfp8": ("O2", "dynamic", "mxfp8"),
@@ -31,7 +32,7 @@ def test_each_arm_composes_its_precision_recipe_on_float16(experiment, model, se
         cfg = compose_cfg(f"experiment={experiment}", f"arm={arm}", hydra_cfg=True)
         choices = cfg.hydra.runtime.choices
         assert (choices.loss_scale, choices.precision) == (option, precision)
-        assert (cfg.amp.level, cfg.amp.dtype) == (level, "float16")
+        assert (cfg.amp.level, cfg.amp.dtype) == (level, "bfloat16" if arm == "bfloat16" else "float16")
         assert cfg.study == "eight_bit" and cfg.model._target_.split(".")[2] == model
 
 
@@ -47,13 +48,15 @@ def _flushed(client, run_id, folder):
 
 @pytest.mark.slow
 def test_eight_bit_study_sets_each_recipe_against_float32_and_float16(tmp_path):
-    arms = ["float32", "dynamic", "fp8_delayed", "mxfp8"]
+    arms = ["float32", "dynamic", "bfloat16", "fp8_delayed", "mxfp8"]
     client, parent, children = study_sweep(
         tmp_path, "experiment=eight_bit", "train.max_steps=60",
         f'hydra.sweeper.params={{arm:"{",".join(arms)}",train.seed:"1,2"}}')
     assert len(children) == 2 * len(arms)
     rows = {(r["arm"], r["dtype"]): r for r in study_table(tmp_path, client, parent, "eight_bit")}
-    assert set(rows) == {(a, "float32" if a == "float32" else "float16") for a in arms} | {("-", "bfloat16")}
+    # bfloat16 swept as an arm: its rows are its runs', and no probe's note row
+    dtypes = {"float32": "float32", "bfloat16": "bfloat16"}
+    assert set(rows) == {(a, dtypes.get(a, "float16")) for a in arms}
 
     def runs(arm):
         return sorted((c for c in children if f"arm={arm}" in c.data.tags["lsexp.overrides"].split()),
@@ -61,8 +64,6 @@ def test_eight_bit_study_sets_each_recipe_against_float32_and_float16(tmp_path):
 
     losses = {arm: [c.data.metrics["eval_loss"] for c in runs(arm)] for arm in arms}
     for (arm, _), row in rows.items():
-        if arm == "-":
-            continue
         assert row["seeds"] == "2"
         assert cell_values(row["eval_loss"]) == pytest.approx(interval(losses[arm]), rel=1e-3)
         for against, column in (("float32", "vs_float32"), ("dynamic", "vs_float16")):
@@ -82,4 +83,4 @@ def test_eight_bit_study_sets_each_recipe_against_float32_and_float16(tmp_path):
             assert "." in row["step_time_vs_float16"]  # a ratio per seed, against the float16 arm's
         else:
             assert row["most_flushed"] == "" and row["precision"] == "none"
-    assert "bfloat16" in rows[("-", "bfloat16")]["note"]
+    assert rows[("bfloat16", "bfloat16")]["skipped_updates"].startswith("0")  # no scale, nothing skipped

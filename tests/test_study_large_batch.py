@@ -17,6 +17,7 @@ from helpers.study_sweep import cell_values, interval, study_sweep, study_table
 ARMS = {
     "float32": ("O0", "none"),
     "none": ("O2", "none"),
+    "bfloat16": ("O2", "none"),
     "fixed_drop_256": ("O2", "fixed_drop"),
     "fixed_drop_65536": ("O2", "fixed_drop"),
     "dynamic": ("O2", "dynamic"),
@@ -37,7 +38,7 @@ def test_each_arm_composes_its_precision_and_strategy_and_the_sweep_spans_the_to
     for arm, (level, option) in ARMS.items():
         cfg = compose_cfg(f"experiment={experiment}", f"arm={arm}", hydra_cfg=True)
         assert cfg.hydra.runtime.choices.loss_scale == option
-        assert (cfg.amp.level, cfg.amp.dtype) == (level, "float16")
+        assert (cfg.amp.level, cfg.amp.dtype) == (level, "bfloat16" if arm == "bfloat16" else "float16")
         assert cfg.study == "large_batch" and cfg.telemetry.layers
         assert cfg.model._target_.split(".")[2] == model
         assert cfg.optimizer._target_ == "mindspore.nn.AdamWeightDecay"  # eps / K keeps float32 unchanged

@@ -13,8 +13,9 @@ comparison has it):
   first). The sweep's jobs share the machine with whatever else runs, so it is a rough ratio; the
   benchmark (benchmarks/precision_cost.py) measures it properly.
 
-bfloat16 is probed per workload at the float16 arm's amp level (O2), as in experiment=scalers
-(scalers.bfloat16_note), and shown as a row.
+bfloat16 is an arm (conf/arm/bfloat16: amp O2, no loss scale); where a sweep does not run it, it is probed
+per workload at the float16 arm's amp level (O2), as in experiment=scalers (scalers.bfloat16_note), and
+shown as a row.
 The figure: the held-out loss per arm with its 95% interval, float32's band across the plot.
 """
 
@@ -29,9 +30,9 @@ import numpy as np
 
 from lsexp.report.studies import StudyRun, finished_cells, loss_cells, over_seeds
 from lsexp.report.studies.engines import steady_speed
-from lsexp.report.studies.scalers import arm, bfloat16_note, workload
+from lsexp.report.studies.scalers import arm, bfloat16_note, swept_bfloat16, workload
 
-ARMS = ["float32", "dynamic", "fp8_delayed", "fp8_current", "mxfp8", "hif8_current"]
+ARMS = ["float32", "dynamic", "bfloat16", "fp8_delayed", "fp8_current", "mxfp8", "hif8_current"]
 REFERENCE, FLOAT16 = "float32", "dynamic"
 COLUMNS = ["workload", "arm", "dtype", "precision", "seeds", "eval_loss", "vs_float32", "vs_float16",
            "eval_accuracy", "skipped_updates", "most_saturated", "most_flushed", "step_time_vs_float16",
@@ -100,6 +101,8 @@ def table(runs: List[StudyRun]):
             "_interval": cell.interval,
         })
     for name in sorted({workload(r) for r in runs}):
+        if swept_bfloat16([r for r in runs if workload(r) == name]):
+            continue
         position = max(i for i, r in enumerate(rows) if r["workload"] == name) + 1
         rows.insert(position, {"workload": name, "arm": "-", "dtype": "bfloat16", "seeds": 0,
                                # probed from the float16 arm's config (amp O2), which the recipes run on

@@ -14,7 +14,8 @@ sweep comparison has it):
   then over the seeds). float32's row is the reference: its zeros are the ones the model makes itself,
   and its underflow what float16 would flush.
 
-bfloat16 is probed per workload, as in experiment=scalers (scalers.bfloat16_note), and shown as a row.
+bfloat16 is an arm (conf/arm/bfloat16: amp O2, no loss scale); where a sweep does not run it, it is probed
+per workload, as in experiment=scalers (scalers.bfloat16_note), and shown as a row.
 The figure: held-out loss against N per arm, the mean with its 95% band, float32's band across the plot.
 """
 
@@ -28,12 +29,13 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from lsexp.report.studies import StudyRun, finished_cells, log2, loss_cells, over_seeds
-from lsexp.report.studies.scalers import arm, bfloat16_note, workload
+from lsexp.report.studies.scalers import arm, bfloat16_note, swept_bfloat16, workload
 
-ARMS = ["float32", "none", "fixed_drop_256", "fixed_drop_65536", "dynamic", "dynamic_hysteresis",
-        "amax_history_margin0"]
+ARMS = ["float32", "none", "bfloat16", "fixed_drop_256", "fixed_drop_65536", "dynamic",
+        "dynamic_hysteresis", "amax_history_margin0"]
 REFERENCE = "float32"
-NO_GROWTH = {"float32", "none", "fixed_drop_256", "fixed_drop_65536"}  # arms whose scale never grows
+# the arms whose scale never grows
+NO_GROWTH = {"float32", "none", "bfloat16", "fixed_drop_256", "fixed_drop_65536"}
 NOT_GROWN = "not within the run"
 COLUMNS = ["workload", "N", "K", "arm", "dtype", "seeds", "eval_loss", "vs_float32", "eval_accuracy",
            "skipped_updates", "steps_to_first_growth", "lost_fraction_by_layer", "note"]
@@ -150,9 +152,12 @@ def table(runs: List[StudyRun]):
             "_diverged": len(cell.diverged),
         })
     for name in sorted({workload(r) for r in runs}):
+        mine = [r for r in runs if workload(r) == name]
+        if swept_bfloat16(mine):
+            continue
         position = max(i for i, r in enumerate(rows) if r["workload"] == name) + 1
         rows.insert(position, {"workload": name, "arm": "none", "dtype": "bfloat16", "seeds": 0,
-                               "note": bfloat16_note([r for r in runs if workload(r) == name])})
+                               "note": bfloat16_note(mine)})
     return rows, COLUMNS
 
 

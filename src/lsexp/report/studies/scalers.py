@@ -129,6 +129,12 @@ def _recoveries(runs: List[StudyRun]) -> List[str]:
     return cells
 
 
+def swept_bfloat16(runs: List[StudyRun]) -> bool:
+    """Whether the sweep ran bfloat16 itself (conf/arm/bfloat16): then its rows are its own, not a
+    probe's note."""
+    return any(r.param("amp.dtype") == "bfloat16" and r.param("amp.level") != "O0" for r in runs)
+
+
 def bfloat16_note(runs: List[StudyRun]) -> str:
     """What preflight says of this workload in bfloat16: the refusal's line, or that it runs. Probed from
     the logged config of the workload's `none` run (another arm's when there is none: the probe's one
