@@ -136,9 +136,10 @@ def swept_bfloat16(runs: List[StudyRun]) -> bool:
 
 
 def bfloat16_note(runs: List[StudyRun]) -> str:
-    """What preflight says of this workload in bfloat16: the refusal's line, or that it runs. Probed from
-    the logged config of the workload's `none` run (another arm's when there is none: the probe's one
-    forward and backward pass does not involve the scaler), with amp.dtype=bfloat16."""
+    """What preflight says of this workload in bfloat16: the refusal's line, or that it runs (emulated on
+    a CPU at O2 and O3, where preflight probes nothing). Probed from the logged config of the workload's
+    `none` run (another arm's when there is none: the probe's one forward and backward pass does not
+    involve the scaler), with amp.dtype=bfloat16."""
     from omegaconf import OmegaConf
 
     from lsexp import amp
@@ -150,8 +151,10 @@ def bfloat16_note(runs: List[StudyRun]) -> str:
         return "not probed: the run logged no config.yaml"
     cfg = OmegaConf.load(path)
     cfg.amp.dtype = "bfloat16"
-    how = ", emulated (docs/casts.md)" if amp.emulates(cfg.amp, cfg.device.device_target) else ""
-    return bfloat16_refusal(cfg) or f"amp.dtype=bfloat16 runs on {cfg.device.device_target}{how} (not swept)"
+    target = cfg.device.device_target
+    if amp.emulates(cfg.amp, target):  # as preflight: nothing to probe where lsexp emulates it
+        return f"amp.dtype=bfloat16 runs on {target}, emulated (docs/casts.md) (not swept)"
+    return bfloat16_refusal(cfg) or f"amp.dtype=bfloat16 runs on {target} (not swept)"
 
 
 def _note(runs: List[StudyRun]) -> str:
