@@ -1,4 +1,4 @@
-"""Issue 21's scenario, under any launcher: a 6-job sweep (3 strategies x 2 seeds, O2, 60 steps) stopped
+"""Issue 21's scenario, under any launcher: a 6-job sweep (3 strategies x 2 seeds, O2, 20 steps) stopped
 as its fourth job (job 3) starts, then run again with sweep.resume=true; what must hold of the store and
 the job folders before and after."""
 
@@ -16,9 +16,9 @@ from helpers.mlflow_store import FAST, runs, store
 from helpers.processes import lsexp_processes_in
 
 SWEEP = ["-m", "loss_scale=fixed_drop,dynamic,dynamic_hysteresis", "train.seed=1,2", "amp=O2",
-         "train.max_steps=60", *FAST]
+         "train.max_steps=20", *FAST]
 SKIPPED = "with the same config (sweep.resume); not trained again"
-TRAINED = " 60 steps, final loss"
+TRAINED = " 20 steps, final loss"
 
 
 def sweep_args(root: Path, *extra: str) -> List[str]:
