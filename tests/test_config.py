@@ -58,7 +58,7 @@ def test_every_family_has_its_schema_beside_its_code():
     assert set(families.schemas("dataset")) >= {"synthetic", "digits", "mnist", "cifar10", "image_folder",
                                                 "text", "sequence"}
     assert set(families.schemas("loss_scale")) == {"none", "fixed", "dynamic", "dynamic_hysteresis",
-                                                   "megatron", "adaptive_window", "amax_history"}
+                                                   "megatron", "adaptive_window", "amax_history", "per_layer"}
     for group in families.PACKAGES:
         for name, module in families.schemas(group).items():
             # each family has a YAML option that builds on its schema (fixed: fixed_drop and fixed_nodrop)

@@ -77,6 +77,11 @@ class StepOptions:
     # parameter gradient saturates (amp.dtype's largest value), and the saturation rule's kernels for it
     # (lsexp.saturation.Kernels' rule_as(grad_largest), run on every gradient, every step: on CPU
     # cheaper than the branch that runs MindSpore ops only on a step that needs them; None: that branch)
+    # loss_scale=per_layer: the taps' record probes (lsexp.taps.cells.Taps.record_probes), and per weight
+    # (name, index) of the record whose carried scale its gradient carries (lsexp.taps.chain); the step
+    # multiplies each gradient by the global scale over that one, so that the engine's unscale is right
+    records: tuple = ()
+    unscale_by: tuple = ()
     saturation: bool = False
     status_probes: tuple = ()
     status_check: bool = False
@@ -143,7 +148,10 @@ class StepBody:
         self.status_check = self.saturation and o.status_check
         self.grad_largest = o.grad_largest if self.saturation else None
         self.grad_rule = o.grad_rule if self.saturation else None
-        extra = list(probes) + statuses
+        self.records = len(o.records)
+        owner = dict(o.unscale_by)
+        self.unscale_by = tuple(owner[w.name] for w in self.weights) if self.records else ()
+        extra = list(probes) + statuses + list(o.records)
         self.grad_params = ParameterTuple(list(self.weights) + extra) if extra else self.weights
         self.layer_inject = layer_factor is not None
         if self.layer_inject:
@@ -202,11 +210,34 @@ class StepBody:
             return (first,) + inputs[1:]
         return inputs
 
-    def _split(self, grads):
-        """(weight gradients, the probes' statistics as one vector or None, the status probes' gradients)."""
+    def _split(self, grads, scale=None):
+        """(weight gradients, the probes' statistics as one vector or None, the status probes' gradients).
+        Under loss_scale=per_layer each weight gradient is brought from the scale its layer's record says
+        it carries to the global `scale`, and the records follow the statistics."""
         n, end = self.n_weights, self.n_weights + self.probes
         layers = ops.concat(grads[n:end]) if self.probes else None
-        return grads[:n], layers, grads[end:]
+        statuses = grads[end:len(grads) - self.records]
+        weights = grads[:n]
+        if self.records:
+            records = grads[len(grads) - self.records:]
+            weights = self._rescaled(weights, records, scale)
+            flat = ops.concat(records)
+            layers = flat if layers is None else ops.concat((layers, flat))
+        return weights, layers, statuses
+
+    def _rescaled(self, grads, records, scale):
+        # one factor per layer, shared by its weight and bias: on a step bound by kernel launches
+        scale = ops.cast(scale, mstype.float32).reshape(())
+        factors = ()
+        for r in records:
+            factors = factors + (scale / r[1],)
+        out = ()
+        for i in range(self.n_weights):
+            factor = factors[self.unscale_by[i]]
+            if grads[i].dtype != mstype.float32:  # decided when the graph compiles
+                factor = ops.cast(factor, grads[i].dtype)
+            out = out + (grads[i] * factor,)
+        return out
 
     def _saturate(self, grads, statuses):
         """(gradients, emulated float-status flag or None): under device.overflow_mode=saturation each

@@ -65,7 +65,7 @@ class LossScaleTrainStep(StepBody, nn.TrainOneStepWithLossScaleCell):
             grads = self.grad(self.network, self.grad_params)(*inputs, scaling_sens_filled)
         else:
             loss, grads = self._accumulate(inputs, scaling_sens)
-        grads, layers, statuses = self._split(grads)
+        grads, layers, statuses = self._split(grads, scale_used)
         telemetry, loss = self._observe(grads, scale_used, loss)
         # Injected before the reducer (DistributedGradReducer under data parallel, else identity),
         # and checked after it: one rank's poisoned gradient reaches every rank's overflow decision.
@@ -138,7 +138,7 @@ class NoDropTrainStep(StepBody, nn.TrainOneStepCell):
             loss, grads = self._micro_step(self.sens, *inputs)
         else:
             loss, grads = self._accumulate(inputs, self.sens)
-        grads, layers, statuses = self._split(grads)
+        grads, layers, statuses = self._split(grads, self.scale)
         telemetry, loss = self._observe(grads, self.scale, loss)
         grads = self._advance_and_inject(grads)
         grads, flag = self._saturate(grads, statuses)

@@ -112,7 +112,7 @@ class FunctionalTrainStep(StepBody, nn.Cell):
             loss, grads = self._micro_step(scale, *inputs)
         else:
             loss, grads = self._accumulate(inputs, scale)
-        grads, layers, statuses = self._split(grads)
+        grads, layers, statuses = self._split(grads, scale)
         telemetry, loss = self._observe(grads, scale, loss)
         grads = self._advance_and_inject(grads)
         grads, flag = self._saturate(grads, statuses)

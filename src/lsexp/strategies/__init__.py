@@ -33,6 +33,7 @@ class Strategy:
     name: str = "strategy"  # as run names, params and summaries show it
     drops_overflow: bool = True  # an update whose gradients overflowed is skipped
     changes: bool = False  # the scale moves during training (a dynamic strategy)
+    scales_layers: bool = False  # each layer scales its own gradient (the taps carry its rule)
     # its update reads the step's unscaled gradient amax (after the reducer): the engines measure it,
     # pass it to the update cell or the scaler's adjust, and record it as the grad_amax column
     measures_amax: bool = False
@@ -73,6 +74,11 @@ class Strategy:
         from hydra.utils import instantiate
 
         return instantiate(self.config).get_update_cell()
+
+    def layer_rule(self) -> dict:
+        """With scales_layers: the keyword arguments of the rule each layer's tap carries
+        (lsexp.taps.adaptive.AdaLossTransform)."""
+        raise NotImplementedError
 
     def scaler(self):
         """Functional engine: the mindspore.amp.LossScaler, or None for no scaling."""

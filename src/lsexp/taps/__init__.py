@@ -12,6 +12,10 @@ EXIT_STATS = ("out_amax", "grad_amax", "underflow_fraction", "zero_fraction", "o
 ENTRY_STATS = ("in_amax", "grad_out_amax")
 STATS = ("in_amax",) + EXIT_STATS + ("grad_out_amax",)  # a layer's, in the order values pass it
 PASSES = ("forward", "backward")
+# A layer-wise scaling rule's record per layer and step (loss_scale=per_layer; layers.csv's last columns):
+# the layer's own scale, and the scale the gradient its backward receives carries (its own times those
+# of the layers after it, and the global scale), which its weight gradient is unscaled by.
+RECORD = ("layer_scale", "carried_scale")
 
 
 def problems(cfg, plan) -> list:

@@ -21,7 +21,7 @@ from mindspore import dtype as mstype
 
 from lsexp.formats.cast import amax
 from lsexp.formats.spec import FP16_MAX, FP16_TINY
-from lsexp.taps import ENTRY_STATS, EXIT_STATS, STATS
+from lsexp.taps import ENTRY_STATS, EXIT_STATS, RECORD, STATS
 
 _FLOATS = (mstype.float16, mstype.float32, mstype.bfloat16, mstype.float64)
 
@@ -60,6 +60,24 @@ class Transform(nn.Cell):
 
     def backward_status(self, y, dout, state):
         return self.backward(dout, state), self.status(y, dout, state)
+
+
+class LinkedTransform(Transform):
+    """A transform whose backward needs what a layer-wise rule needs and a chain of layers can hand it: the
+    layer's weight, and the scale the incoming gradient already carries (the product of the scales of the
+    layers after it, threaded back from tap to tap by lsexp.taps.chain.LinkedChain). Its tap records
+    lsexp.taps.RECORD per step (the record probe's gradient).
+
+    backward_linked(dout, state, weight, carried): (the gradient the layer's own backward receives, the
+    scale that gradient carries, the record). carried is 0 at the last layer of the chain: nothing after
+    it scaled the gradient, which carries the step's global scale alone (start_scale()).
+    weight_of(layer): the Parameter backward_linked reads."""
+
+    def backward_linked(self, dout, state, weight, carried):
+        raise NotImplementedError
+
+    def weight_of(self, layer):
+        return layer.weight
 
 
 class Chain(Transform):
@@ -197,6 +215,21 @@ class _Exit(nn.Cell):
         return ops.cast(dout, y.dtype), _zeros_like(state), stats, status
 
 
+class _LinkedExit(_Exit):
+    """_Exit for a LinkedTransform: it passes the chain's link on (a zero scalar going forward, the scale
+    the gradient carries coming back) and hands the transform the layer's weight."""
+
+    def construct(self, y, state, probe, status_probe, record_probe, link, weight):  # noqa: PLR0913
+        return self.transform.forward(y), link
+
+    def bprop(self, y, state, probe, status_probe, record_probe, link, weight, out, dout):  # noqa: PLR0913
+        dy, carried = dout
+        dy, carried_out, record = self.transform.backward_linked(dy, state, weight, carried)
+        stats = self._stats(out[0], dy) if self.observe else self.unobserved
+        return (ops.cast(dy, y.dtype), _zeros_like(state), stats, ops.zeros((), mstype.float32), record,
+                carried_out, ops.zeros_like(weight))
+
+
 class _Entry(nn.Cell):
     """Before the layer: ENTRY_STATS and a 1, which tells a measured entry from the zero gradient of one
     never called (an integer input). Only the locator's replay asks for them."""
@@ -219,7 +252,12 @@ class Tap(nn.Cell):
             host_counts = _host_counts(ms.get_context("device_target"))
         # observe=False: a tap that only transforms, whose statistics nothing reads, counts none
         self.observe = observe
-        self.exit = _Exit(transform if transform is not None else Transform(), host_counts, observe)
+        transform = transform if transform is not None else Transform()
+        self.is_linked = isinstance(transform, LinkedTransform)
+        self.exit = (_LinkedExit if self.is_linked else _Exit)(transform, host_counts, observe)
+        if self.is_linked:
+            self.lsexp_record = Parameter(Tensor(np.zeros(len(RECORD), np.float32)),
+                                          name=f"lsexp_tap.{name}.record", requires_grad=False)
         self.entry = _Entry()
         self.tap_name = name
         self.lsexp_probe_out = Parameter(Tensor(np.zeros(len(EXIT_STATS), np.float32)),
@@ -236,6 +274,16 @@ class Tap(nn.Cell):
         y = self.layer(x, *args, **kwargs)
         return self.exit(y, ops.stop_gradient(self.exit.transform.state()), self.lsexp_probe_out,
                          self.lsexp_status)
+
+    def linked(self, x, link):
+        """(the layer's output, the link): a LinkedTransform's tap, as lsexp.taps.chain.LinkedChain calls
+        it."""
+        if self.observe and x.dtype in _FLOATS:
+            x = self.entry(x, self.lsexp_probe_in)
+        y = self.layer(x)
+        weight = ops.stop_gradient(self.exit.transform.weight_of(self.layer))
+        return self.exit(y, ops.stop_gradient(self.exit.transform.state()), self.lsexp_probe_out,
+                         self.lsexp_status, self.lsexp_record, link, weight)
 
 
 _EXIT_AT = [STATS.index(k) for k in EXIT_STATS]
@@ -254,6 +302,10 @@ class Taps:
         entries' (ENTRY_STATS and a 1)."""
         out = [t.lsexp_probe_out for t in self.taps]
         return out + [t.lsexp_probe_in for t in self.taps] if entry else out
+
+    def record_probes(self) -> list:
+        """The probes whose gradients carry each LinkedTransform's RECORD, in the taps' order."""
+        return [t.lsexp_record for t in self.taps if t.is_linked]
 
     def status_probes(self) -> list:
         """The probes whose gradients carry each transform's status() (device.overflow_mode=saturation)."""
@@ -308,6 +360,8 @@ def install(net: nn.Cell, names: Sequence[str], layers: dict,
         # and the parent its path into the probes'
         tap.lsexp_probe_out.name, tap.lsexp_probe_in.name = f"lsexp_tap.{name}.out", f"lsexp_tap.{name}.in"
         tap.lsexp_status.name = f"lsexp_tap.{name}.status"
+        if tap.is_linked:
+            tap.lsexp_record.name = f"lsexp_tap.{name}.record"
         taps.append(tap)
     return Taps(taps)
 

@@ -87,8 +87,10 @@ def log_telemetry(client, run_id: str, out_dir: Path) -> None:
             from lsexp.training.telemetry import draw_histogram
 
             draw_histogram(path)
-    # telemetry=layers' table and heat map, and a precision recipe's counts per quantised tensor
-    layers = sorted(out_dir.glob("layers.*")) + sorted(out_dir.glob("precision.csv"))
+    # telemetry=layers' table and heat map (loss_scale=per_layer's scales' too), and a precision recipe's
+    # counts per quantised tensor
+    layers = (sorted(out_dir.glob("layers.*")) + sorted(out_dir.glob("layer_scales.png"))
+              + sorted(out_dir.glob("precision.csv")))
     # telemetry's histograms and per-parameter breakdown, and the per-layer table
     for path in sorted(out_dir.glob("grad_*")) + layers:
         with_retry(client.log_artifact, run_id, str(path), "telemetry")

@@ -62,7 +62,8 @@ def build(job, last_step: int, net=None):
     net = with_amp(cfg, net, job.out_dir)
     taps, injection = None, None
     if layers:  # after amp, so that the taps take no part in its casts
-        taps, injection = install_taps(plan, net, layers)
+        taps, injection = install_taps(plan, net, layers, rule=job.strategy.layer_rule() if plan.per_layer
+                                       else None)
     advance = with_precision(cfg, plan, net)
     loss_net = nn.WithLossCell(net, loss(cfg, plan))
     optimizer, around = build_optimizer(cfg, net.trainable_params(), job.decided.optimizer_loss_scale,
@@ -73,6 +74,7 @@ def build(job, last_step: int, net=None):
         telemetry=plan.grads, histogram=bool(plan.histogram_steps), inject_graph=bool(plan.inject_steps),
         accumulate_steps=plan.accumulate_steps, micro_batch=plan.micro_batch,
         probes=taps.probes(entry=False) if plan.observe_layers else (),
+        **per_layer_records(net, taps) if plan.per_layer else {},
         layer_factor=None if injection is None else injection.factor, keep_weights=plan.locate,
         advance=advance, **around, **saturation)
     build_train_step = get_method(cfg.engine._target_)  # lsexp.engines.cell's or .functional's
@@ -132,19 +134,32 @@ def tapped_layers(plan, net) -> dict:
     try:
         names = layer_names(net)
     except NoLayers:
-        if plan.observe_layers or plan.inject_layer is not None:
+        if plan.records_layers or plan.inject_layer is not None:
             raise  # preflight refuses these first, in one line
         return {}
     cells = dict(net.cells_and_names())
     return {name: cells[name] for name in names}
 
 
-def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None):
+def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None, rule: Optional[dict] = None):
     """(Taps, the inject.layer transform or None), installed in `net` in place; where the plan saturates
     (or `saturating` says so), every tap saturates (lsexp.taps.saturating), after the injection where
-    there is one."""
+    there is one. With `rule` (loss_scale=per_layer) every tap scales its layer's gradient by the rule
+    (lsexp.taps.adaptive), the taps threaded as one chain (lsexp.taps.chain)."""
     from lsexp.taps.cells import LayerInjection, install
 
+    if rule is not None:
+        import mindspore as ms
+
+        from lsexp.taps.adaptive import AdaLossTransform
+        from lsexp.taps.chain import thread
+
+        host = ms.get_context("device_target") == "CPU"
+        # the statistics only with telemetry.layers: the scales alone cost less than half as much
+        taps = install(net, list(layers), layers, lambda name: AdaLossTransform(**rule, host=host),
+                       observe=plan.observe_layers)
+        thread(net, taps.taps)
+        return taps, None
     saturating = plan.saturation if saturating is None else saturating
     injection = None
     if plan.inject_layer is not None:
@@ -161,6 +176,15 @@ def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None):
     # saturating taps need measure nothing unless telemetry=layers reads them: the locator replays on a copy
     observe = not saturating or plan.observe_layers
     return install(net, list(layers), layers, transform_for, observe=observe), injection
+
+
+def per_layer_records(net, taps) -> dict:
+    """StepOptions' records and, by trained parameter's name, the tap whose record's carried scale it
+    carries."""
+    linked = [t for t in taps.taps if t.is_linked]
+    return dict(records=tuple(taps.record_probes()),
+                unscale_by=tuple((p.name, i) for i, t in enumerate(linked)
+                                 for p in t.layer.trainable_params()))
 
 
 def tapped_copy(cfg, plan, out_dir: Path):

@@ -151,10 +151,11 @@ def _taps(job, taps, step_cell) -> dict:
         from lsexp.precision.telemetry import PrecisionTable
 
         out["precision_table"] = PrecisionTable()
-    if taps is not None and plan.observe_layers:
+    if taps is not None and plan.records_layers:
         from lsexp.training.telemetry import LayerTable
 
-        out.update(layers=taps, layer_table=LayerTable(taps.names))
+        out.update(layers=taps, layer_table=LayerTable(taps.names, stats=plan.observe_layers,
+                                                              records=plan.per_layer))
     if plan.locate and job.primary:
         from lsexp.taps.locate import Locator
 

@@ -29,19 +29,27 @@ class Plan:
     micro_batch: int  # dataset.batch_size: one micro-batch's samples
     data_parallel: bool  # parallel=data
     mean_over_tokens: Optional[int]  # train.mean_over_tokens
+    per_layer: bool = False  # loss_scale=per_layer (a strategy that scales_layers): every layer's tap scales
+
+    @property
+    def records_layers(self) -> bool:
+        """Whether the step reports every layer's statistics (layers.csv): telemetry.layers, or per-layer
+        scales, whose record is a column of that table."""
+        return self.observe_layers or self.per_layer
 
     @property
     def tapped(self) -> bool:
         """Whether the step's own network is tapped: the taps act or report in every step. The locator
         alone replays an overflowed step on a tapped copy, so a clean run compiles no tap."""
-        return self.observe_layers or self.inject_layer is not None or self.saturation
+        return self.observe_layers or self.inject_layer is not None or self.saturation or self.per_layer
 
     @property
     def asks_of_layers(self) -> Tuple[str, ...]:
         """The keys that need the network's layers, as a refusal names them."""
         return tuple(key for key, on in (("telemetry.layers=true", self.observe_layers),
                                          (f"inject.layer={self.inject_layer}", self.inject_layer is not None),
-                                         ("device.overflow_mode=saturation", self.saturation)) if on)
+                                         ("device.overflow_mode=saturation", self.saturation),
+                                         ("loss_scale=per_layer", self.per_layer)) if on)
 
     @property
     def probes_network(self) -> bool:
@@ -76,4 +84,15 @@ def plan_of(cfg) -> Plan:
         micro_batch=int(cfg.dataset.batch_size),
         data_parallel=cfg.parallel.parallel_mode == "data_parallel",
         mean_over_tokens=cfg.train.get("mean_over_tokens"),
+        per_layer=_scales_layers(cfg),
     )
+
+
+def _scales_layers(cfg) -> bool:
+    from lsexp import strategies
+    from lsexp.config.errors import ConfigError
+
+    try:
+        return strategies.resolve(cfg).scales_layers
+    except ConfigError:  # validation names the unknown strategy
+        return False

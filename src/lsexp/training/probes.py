@@ -93,6 +93,14 @@ def tap_problems(cfg, plan, net) -> List[str]:
         names = layer_names(net)
     except NoLayers as err:
         return [f"{' and '.join(asks)} with model._target_={cfg.model._target_}: {err}"]
+    if plan.per_layer:
+        from lsexp.taps.chain import not_a_chain
+
+        cells = dict(net.cells_and_names())
+        why = not_a_chain(net, [cells[name] for name in names])
+        if why is not None:
+            return [f"loss_scale=per_layer with model._target_={cfg.model._target_}: {why}; use a model "
+                    f"whose layers are one chain, such as model=mlp (docs/per_layer.md)"]
     if plan.inject_layer is not None and plan.inject_layer not in names:
         return [f"inject.layer={plan.inject_layer}: model._target_={cfg.model._target_} has no such layer; "
                 f"use one of {', '.join(names)} (lsexp layers lists them)"]

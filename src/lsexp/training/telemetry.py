@@ -22,7 +22,7 @@ from typing import List
 import numpy as np
 
 from lsexp.formats.spec import FP16_MAX, FP16_TINY
-from lsexp.taps import EXIT_STATS
+from lsexp.taps import EXIT_STATS, RECORD
 
 LAYER_COLUMNS = ("step", "loss_scale", "parameter", "elements", "zero", "underflow", "overflow", "norm",
                  "amax")
@@ -133,16 +133,25 @@ WORST_LAYER = ("layer_underflow_fraction_max", "layer_zero_fraction_max", "layer
 
 class LayerTable:
     """telemetry=layers: every step's per-layer statistics, kept on the host, written as layers.csv and
-    drawn as layers.png when the run ends."""
+    drawn as layers.png when the run ends. With records (loss_scale=per_layer) each layer's RECORD
+    follows its statistics: the layer's own scale and the scale its gradient then carries, drawn as
+    layer_scales.png."""
 
-    def __init__(self, names: List[str]):
+    def __init__(self, names: List[str], stats: bool = True, records: bool = False):
         self.names = names
-        self.width = len(EXIT_STATS)
-        self.steps: List[tuple] = []  # (step, scale, overflow, (layers, width) array)
+        self.width = len(EXIT_STATS) if stats else 0
+        self.records = RECORD if records else ()
+        self.steps: List[tuple] = []  # (step, scale, overflow, (layers, width + records) array)
 
     def add(self, step: int, scale: float, overflow: float, values) -> dict:
-        stats = np.asarray(values, dtype=np.float64).reshape(len(self.names), self.width)
+        values = np.asarray(values, dtype=np.float64)
+        n = len(self.names)
+        stats = values[:n * self.width].reshape(n, self.width)
+        if self.records:
+            stats = np.hstack([stats, values[n * self.width:].reshape(n, len(self.records))])
         self.steps.append((step, scale, int(overflow), stats))
+        if not self.width:  # the scales alone (loss_scale=per_layer without telemetry.layers)
+            return {}
         with np.errstate(divide="ignore", invalid="ignore"):
             amax_min = np.log2(stats[:, _GRAD].min()) if np.isfinite(stats[:, _GRAD]).all() else math.nan
         return dict(zip(WORST_LAYER, (float(stats[:, _UNDER].max()), float(stats[:, _ZERO].max()),
@@ -153,6 +162,8 @@ class LayerTable:
         activation gradient's amax (unscaled), which the sweep comparison and `lsexp report` show."""
         clean = [(scale, stats) for _, scale, overflow, stats in self.steps if not overflow]
         out = {}
+        if not self.width:
+            return out
         for i, name in enumerate(self.names):
             if not clean:
                 out[name] = None
@@ -170,12 +181,37 @@ class LayerTable:
     def write(self, out_dir: Path) -> None:
         with open(out_dir / "layers.csv", "w", newline="") as f:
             writer = csv.writer(f)
-            writer.writerow(LAYER_TABLE_COLUMNS)
+            writer.writerow((LAYER_TABLE_COLUMNS if self.width else LAYER_TABLE_COLUMNS[:4]) + self.records)
             for step, scale, overflow, stats in self.steps:
                 for name, row in zip(self.names, stats):
                     writer.writerow([step, name, scale, overflow, *row.tolist()])
-        if self.steps:
+        if self.steps and self.width:
             _plot_layers(out_dir / "layers.png", self.names, self.steps)
+        if self.steps and self.records:
+            _plot_layer_scales(out_dir / "layer_scales.png", self.names, self.steps, self.width)
+
+
+def _plot_layer_scales(path: Path, names: List[str], steps: List[tuple], at: int) -> None:
+    """loss_scale=per_layer: a heat map of log2 of each layer's own scale, layers x steps, overflowed
+    steps marked above it."""
+    from lsexp.figures import pyplot
+
+    plt = pyplot()
+    step_ids = np.array([s for s, _, _, _ in steps])
+    log2 = np.log2(np.stack([stats[:, at] for _, _, _, stats in steps], axis=1))
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.32 * len(names)))
+    extent = (step_ids[0] - 0.5, step_ids[-1] + 0.5, len(names) - 0.5, -0.5)
+    image = ax.imshow(log2, aspect="auto", cmap="magma", extent=extent, interpolation="nearest")
+    fig.colorbar(image, ax=ax, label="log2 of the layer's own scale")
+    over = [s for s, _, overflow, _ in steps if overflow]
+    if over:
+        ax.plot(over, [-0.5] * len(over), "v", color="red", clip_on=False, label="overflow (skipped)")
+        ax.legend(loc="upper right", fontsize=8)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("step")
+    ax.set_title("loss_scale=per_layer: each layer's scale")
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
 
 
 def _plot_layers(path: Path, names: List[str], steps: List[tuple]) -> None:
