@@ -270,6 +270,19 @@ def test_a_real_runs_scales_are_the_transcription_on_that_steps_weights_and_grad
     assert max(float(r["layer_scale"]) for r in table) > 1  # the rule did more than pick 1
 
 
+@pytest.mark.slow
+def test_a_per_layer_run_resumed_from_its_checkpoint_continues_exactly(train_run):
+    """Every step computes its scales afresh from its own gradients, so a resumed run needs no scaler state:
+    its losses and its layers' scales are the uninterrupted run's."""
+    common = ["model=mlp", "dataset=digits", "amp=O2", "loss_scale=per_layer", "train.checkpoint=true"]
+    _, whole, out = train_run(*common, "train.max_steps=10")
+    _, first, half = train_run(*common, "train.max_steps=5")
+    _, rest, resumed = train_run(*common, "train.max_steps=10", f"train.resume={half / 'checkpoint.ckpt'}")
+    assert [r["loss"] for r in first + rest] == [r["loss"] for r in whole]
+    straight = [(r["step"], r["layer_scale"]) for r in _layers(out) if int(r["step"]) > 5]
+    assert [(r["step"], r["layer_scale"]) for r in _layers(resumed)] == straight
+
+
 @pytest.mark.parametrize("args,says", [
     (["workload=gpt_python", "loss_scale=per_layer"],
      "loss_scale=per_layer with model._target_=lsexp.models.gpt.GPT: its layers are not the cells of one "
