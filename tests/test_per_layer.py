@@ -52,6 +52,9 @@ def _scripted():
     cases.append(("overflow cap", g, big_w, 1.0))
     cases.append(("zero gradient", np.zeros((16, 64), np.float16), w, 2.0))
     cases.append(("zero weight", cases[1][1], np.zeros((64, 32), np.float16), 1.0))
+    # a convolution's: fan_in is out x kh x kw
+    cases.append(("convolution", (rs.standard_normal((4, 8, 6, 6)) * 4e-7).astype(np.float16),
+                  (rs.standard_normal((8, 3, 3, 3)) * 0.1).astype(np.float16), 1.0))
     return cases
 
 

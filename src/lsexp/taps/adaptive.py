@@ -4,7 +4,8 @@ applies to the gradient its backward pass receives.
 The rule is AdaLoss's "approx_range" (kumasento/gradient-scaling at 0ca4354,
 ada_loss/chainer_impl/ada_loss_chainer.py, get_loss_scale_by_approx_range and
 bound_loss_scale_by_heuristics; ada_loss/core.py, get_power_of_two_scale). For a layer whose weight W
-(out x in, the sums of the backward g @ W of length fan_in = out) receives g, carrying the scale `prev`:
+(out x in, the sums of the backward g @ W of length fan_in = out; out x kh x kw for a convolution's)
+receives g, carrying the scale `prev`:
 
     sigma = sqrt((std(g)^2 + mean(g)^2) (std(W)^2 + mean(W)^2)) sqrt(fan_in / 2)
     scale = max(u_min / (T sigma), 1), capped at (u_max / fan_in) / max|extremes of g times extremes of W|
@@ -43,6 +44,12 @@ def as_bound(value: float) -> np.float64:
     return np.float64(np.float32(np.float16(value)))
 
 
+def fan_in_of(shape) -> int:
+    """The length of the sums in the layer's backward product with W: out for a Dense weight (out x in),
+    out x kh x kw for a convolution's (out x in x kh x kw)."""
+    return int(shape[0]) if len(shape) == 2 else int(shape[0] * shape[2] * shape[3])
+
+
 def host_rule(g: np.ndarray, w: np.ndarray, carried, init_scale: float, scale_upper: np.float64,  # noqa: PLR0913
               accum_upper: np.float64, t: float) -> np.ndarray:
     """[the layer's scale, the scale the gradient then carries]; carried 0: the chain's last layer, whose
@@ -56,7 +63,7 @@ def host_rule(g: np.ndarray, w: np.ndarray, carried, init_scale: float, scale_up
     if sigma == 0:
         scale = np.float32(1.0)
     else:
-        fan_in = float(np.float32(w.shape[0]))
+        fan_in = float(np.float32(fan_in_of(w.shape)))
         # of the float32 copies: the same values (the widening is exact), and numpy's float16 max is slow
         g_max, g_min, w_max, w_min = g32.max(), g32.min(), w32.max(), w32.min()
         o_max = np.abs(np.array([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max])).max()
@@ -110,7 +117,7 @@ class AdaLossTransform(LinkedTransform):
         g_sq = ((g32 - g_mu) ** 2).mean() + g_mu * g_mu
         w_sq = ((w32 - w_mu) ** 2).mean() + w_mu * w_mu
         sigma = ops.sqrt(g_sq * w_sq)
-        fan_in = float(w.shape[0])
+        fan_in = float(fan_in_of(w.shape))
         g_max, g_min = ops.cast(g.max(), mstype.float32), ops.cast(g.min(), mstype.float32)
         w_max, w_min = w32.max(), w32.min()
         o_max = ops.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().max()
