@@ -122,3 +122,11 @@ def test_the_unit_scaled_mlps_read_out_weight_gradient_is_unit_scaled_at_initial
 ])
 def test_unit_scaling_that_cannot_be_is_one_line(tmp_path, args, says):
     assert_refused(run_cli(*args, cwd=tmp_path), says, tmp_path)
+
+
+def test_the_locator_replays_an_overflow_of_the_unit_scaled_mlp(train_run):
+    # dynamic's 2^24 overflows at once; the replay's taps sit around layers with a bprop of their own
+    summary, rows, _ = train_run("model=mlp", "dataset=digits", "model.scaling=unit", "amp=O2",
+                                 "loss_scale=dynamic", "train.max_steps=2")
+    assert summary["overflow_steps"] == [1, 2]
+    assert summary["first_nonfinite"]["step"] == 1 and rows[0]["first_nonfinite_layer"].startswith("layers.")

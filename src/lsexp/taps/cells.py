@@ -238,7 +238,10 @@ class _Entry(nn.Cell):
         return x
 
     def bprop(self, x, probe, out, dout):
-        return ops.cast(dout, x.dtype), ops.stack([amax(x), amax(dout), ops.ones((), mstype.float32)])
+        # concat, not stack: the graph compiler loses a Stack made here when the layer has a bprop of its
+        # own (the unit-scaled MLP's UnitDense), "the func graph is empty"
+        return ops.cast(dout, x.dtype), ops.concat([amax(x).reshape(1), amax(dout).reshape(1),
+                                                    ops.ones((1,), mstype.float32)])
 
 
 class Tap(nn.Cell):
