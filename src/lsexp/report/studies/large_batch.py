@@ -24,7 +24,7 @@ from __future__ import annotations
 import csv
 import math
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -72,8 +72,9 @@ def first_growth(run: StudyRun) -> Optional[int]:
     return next((s for p, s in zip(steps, steps[1:]) if scale[s] > scale[p]), None)
 
 
-def lost_by_layer(run: StudyRun) -> Dict[str, float]:
-    """Per tapped layer, the mean over the steps that did not overflow of underflow + zero fraction."""
+def layer_means(run: StudyRun, value_of: Callable[[Dict[str, str]], float]) -> Dict[str, float]:
+    """Per tapped layer, the mean of value_of(its row of telemetry/layers.csv) over the steps that did not
+    overflow, where that value is finite; empty for a run without the table."""
     path = run.artifact("telemetry/layers.csv")
     if path is None:
         return {}
@@ -82,13 +83,18 @@ def lost_by_layer(run: StudyRun) -> Dict[str, float]:
         for row in csv.DictReader(f):
             if row["overflow"] in ("1", "True"):
                 continue
-            lost = float(row["underflow_fraction"]) + float(row["zero_fraction"])
-            if math.isfinite(lost):
-                values[row["layer"]].append(lost)
+            value = value_of(row)
+            if math.isfinite(value):
+                values[row["layer"]].append(value)
     return {layer: float(np.mean(v)) for layer, v in values.items()}
 
 
-def _n_label(n: Optional[int], t: float) -> str:
+def lost_by_layer(run: StudyRun) -> Dict[str, float]:
+    """Per tapped layer, the mean over the steps that did not overflow of underflow + zero fraction."""
+    return layer_means(run, lambda row: float(row["underflow_fraction"]) + float(row["zero_fraction"]))
+
+
+def n_label(n: Optional[int], t: float) -> str:
     value = t if n is None else n
     power = log2(value)
     name = f"2^{power:g}" if power == int(power) else f"{value:g}"
@@ -135,7 +141,7 @@ def table(runs: List[StudyRun]):
                   for r in mine if "diverged_at_step" in r.metrics]
         rows.append({
             "workload": name,
-            "N": _n_label(n, t[name]),
+            "N": n_label(n, t[name]),
             "K": divisor(mine[0]),
             "arm": arm_name,
             "dtype": "float32" if mine[0].param("amp.level") == "O0" else mine[0].param("amp.dtype"),
