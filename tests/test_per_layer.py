@@ -273,6 +273,15 @@ def test_a_real_runs_scales_are_the_transcription_on_that_steps_weights_and_grad
     assert max(float(r["layer_scale"]) for r in table) > 1  # the rule did more than pick 1
 
 
+def test_the_locator_names_the_layer_of_a_per_layer_overflow(train_run):
+    # a global scale of 10^7 on the loss: its gradient overflows float16 where it enters the read-out,
+    # before any layer's scale; the replay runs on a copy whose taps measure, with the step's rule
+    summary, rows, _ = train_run("model=mlp", "dataset=digits", "amp=O2", "loss_scale=per_layer",
+                                 "loss_scale.init_scale=10000000", "train.max_steps=2")
+    assert summary["overflow_steps"] == [1, 2] and summary["skipped_steps"] == 2
+    assert (rows[0]["first_nonfinite_layer"], rows[0]["first_nonfinite_pass"]) == ("layers.5", "backward")
+
+
 @pytest.mark.slow
 def test_a_per_layer_run_resumed_from_its_checkpoint_continues_exactly(train_run):
     """Every step computes its scales afresh from its own gradients, so a resumed run needs no scaler state:

@@ -141,11 +141,13 @@ def tapped_layers(plan, net) -> dict:
     return {name: cells[name] for name in names}
 
 
-def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None, rule: Optional[dict] = None):
+def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None, rule: Optional[dict] = None,  # noqa: PLR0913
+                 observe: Optional[bool] = None):
     """(Taps, the inject.layer transform or None), installed in `net` in place; where the plan saturates
     (or `saturating` says so), every tap saturates (lsexp.taps.saturating), after the injection where
     there is one. With `rule` (loss_scale=per_layer) every tap scales its layer's gradient by the rule
-    (lsexp.taps.adaptive), the taps threaded as one chain (lsexp.taps.chain)."""
+    (lsexp.taps.adaptive), the taps threaded as one chain (lsexp.taps.chain), measuring the layers where
+    `observe` (None: as telemetry.layers says)."""
     from lsexp.taps.cells import LayerInjection, install
 
     if rule is not None:
@@ -157,7 +159,7 @@ def install_taps(plan, net, layers: dict, saturating: Optional[bool] = None, rul
         host = ms.get_context("device_target") == "CPU"
         # the statistics only with telemetry.layers: the scales alone cost less than half as much
         taps = install(net, list(layers), layers, lambda name: AdaLossTransform(**rule, host=host),
-                       observe=plan.observe_layers)
+                       observe=plan.observe_layers if observe is None else observe)
         thread(net, taps.taps)
         return taps, None
     saturating = plan.saturation if saturating is None else saturating
@@ -198,6 +200,11 @@ def tapped_copy(cfg, plan, out_dir: Path):
     if not layers:
         return None
     net = with_amp(cfg, net, out_dir)
-    taps, _ = install_taps(plan, net, layers, saturating=False)
+    rule = None
+    if plan.per_layer:  # the step's scales, so that the replay's gradients are the step's
+        from lsexp import strategies
+
+        rule = strategies.resolve(cfg).layer_rule()
+    taps, _ = install_taps(plan, net, layers, saturating=False, rule=rule, observe=True)
     with_precision(cfg, plan, net)
     return nn.WithLossCell(net, loss(cfg, plan)), taps

@@ -160,8 +160,9 @@ def _taps(job, taps, step_cell) -> dict:
         from lsexp.taps.locate import Locator
 
         kept = list(zip(step_cell.weights, step_cell.shadow)) if step_cell.keep else []
-        # under saturation the step's taps hide every inf: the replay runs on a copy that keeps them
-        mine = None if plan.saturation else taps
+        # under saturation the step's taps hide every inf, and per_layer's measure nothing without
+        # telemetry.layers: the replay runs on a copy that keeps and measures them
+        mine = None if plan.saturation or (plan.per_layer and not plan.observe_layers) else taps
         copy = partial(tapped_copy, job.cfg, plan, job.out_dir)  # built only when a replay needs it
         out["locator"] = Locator(step_cell.network, mine, kept, copy)
     return out
