@@ -53,7 +53,13 @@ def fan_in_of(shape) -> int:
 def host_rule(g: np.ndarray, w: np.ndarray, carried, init_scale: float, scale_upper: np.float64,  # noqa: PLR0913
               accum_upper: np.float64, t: float) -> np.ndarray:
     """[the layer's scale, the scale the gradient then carries]; carried 0: the chain's last layer, whose
-    gradient carries init_scale."""
+    gradient carries init_scale. A gradient with an inf or NaN (a step that overflowed, and is skipped)
+    gives NaN: numpy's warnings about it would only repeat the overflow."""
+    with np.errstate(all="ignore"):
+        return _rule(g, w, carried, init_scale, scale_upper, accum_upper, t)
+
+
+def _rule(g, w, carried, init_scale, scale_upper, accum_upper, t):  # noqa: PLR0913
     prev = np.float64(np.float32(carried)) or np.float64(init_scale)
     g32, w32 = g.astype(np.float32), w.astype(np.float32)
     g_mu, g_sigma, w_mu, w_sigma = g32.mean(), g32.std(), w32.mean(), w32.std()
@@ -69,8 +75,7 @@ def host_rule(g: np.ndarray, w: np.ndarray, carried, init_scale: float, scale_up
         o_max = np.abs(np.array([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max])).max()
         scale = np.float64(U_MIN) / (t * (np.float64(sigma) * np.sqrt(0.5 * fan_in)))
         scale = max(scale, np.float64(1.0))
-        with np.errstate(divide="ignore"):
-            scale = np.float32(min(scale, (np.float64(U_MAX) / fan_in) / np.float64(o_max)))
+        scale = np.float32(min(scale, (np.float64(U_MAX) / fan_in) / np.float64(o_max)))
     scale = np.float32(min(scale_upper, min(accum_upper / prev, np.float64(scale))))
     scale = np.float64(2.0) ** np.float64(np.floor(np.log2(scale)))
     return np.array([scale, prev * scale], np.float32)
