@@ -282,6 +282,13 @@ def test_the_locator_names_the_layer_of_a_per_layer_overflow(train_run):
     assert (rows[0]["first_nonfinite_layer"], rows[0]["first_nonfinite_pass"]) == ("layers.5", "backward")
 
 
+def test_per_layer_scales_the_unit_scaled_mlp_too(train_run):
+    # its layers have a bprop of their own, beside the taps' (the compiler once lost a primitive there)
+    summary, rows, out = train_run("model=mlp", "dataset=digits", "model.scaling=unit", "amp=O2",
+                                   "loss_scale=per_layer", "train.max_steps=6")
+    assert summary["final_loss"] < float(rows[0]["loss"]) and len(_layers(out)) == 18
+
+
 @pytest.mark.slow
 def test_a_per_layer_run_resumed_from_its_checkpoint_continues_exactly(train_run):
     """Every step computes its scales afresh from its own gradients, so a resumed run needs no scaler state:
@@ -317,6 +324,9 @@ def test_a_per_layer_run_resumed_from_its_checkpoint_continues_exactly(train_run
     (["model=mlp", "dataset=digits", "amp=O2", "loss_scale=per_layer", "precision=fp8_current"],
      "loss_scale=per_layer with precision.recipe=current: the recipe's quantised gradients would meet scales "
      "it does not know; use precision=none"),
+    (["model=mlp", "dataset=digits", "amp=O2", "amp.dtype=bfloat16", "loss_scale=per_layer"],
+     "loss_scale=per_layer with amp.dtype=bfloat16: the rule's limits are float16's (6e-8 to 65504, "
+     "AdaLoss's u_min and u_max); use amp.dtype=float16, or loss_scale=none for bfloat16's range"),
 ])
 def test_per_layer_that_cannot_be_is_one_line(tmp_path, args, says):
     assert_refused(run_cli(*args, cwd=tmp_path), says, tmp_path)

@@ -45,6 +45,10 @@ class PerLayer(Strategy):
         if not (isinstance(ls.n_uf_threshold, (int, float)) and 0 < ls.n_uf_threshold < 1):
             p.append(f"loss_scale.n_uf_threshold={ls.n_uf_threshold}: must lie strictly between 0 and 1; "
                      f"e.g. 0.001")
+        if cfg.amp.dtype != "float16":
+            p.append(f"loss_scale=per_layer with amp.dtype={cfg.amp.dtype}: the rule's limits are float16's "
+                     f"(6e-8 to 65504, AdaLoss's u_min and u_max); use amp.dtype=float16, or "
+                     f"loss_scale=none for bfloat16's range")
         k = cfg.train.accumulate_steps
         if k > 1:
             p.append(f"loss_scale=per_layer with train.accumulate_steps={k}: each micro-batch's gradients "

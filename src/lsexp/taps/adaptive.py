@@ -98,6 +98,7 @@ class AdaLossTransform(LinkedTransform):
         self.upper = Tensor(np.float32(self.scale_upper), mstype.float32)
         self.accum = Tensor(np.float32(self.accum_upper), mstype.float32)
         self.one = Tensor(1.0, mstype.float32)
+        self.halves, self.to_scalar = ops.Split(0, 2), ops.Reshape()
         if host:
             consts = (init_scale, self.scale_upper, self.accum_upper, self.t)
 
@@ -113,7 +114,11 @@ class AdaLossTransform(LinkedTransform):
             record = self.rule(dout, w, carried)
         else:
             record = self.rule_ops(dout, w, carried)
-        return dout * ops.cast(record[0], dout.dtype), record[1], record
+        # primitives made here, not by ops.split or record[0]: inside a bprop beside a layer with a bprop of
+        # its own (the unit-scaled MLP's UnitDense) the compiler loses a primitive that a functional op
+        # makes as it compiles ("the func graph is empty")
+        scale, carried_out = self.halves(record)
+        return dout * ops.cast(scale, dout.dtype), self.to_scalar(carried_out, ()), record
 
     def rule_ops(self, g, w, carried):
         prev = ops.select(carried > 0, carried, self.init)
@@ -125,10 +130,11 @@ class AdaLossTransform(LinkedTransform):
         fan_in = float(fan_in_of(w.shape))
         g_max, g_min = ops.cast(g.max(), mstype.float32), ops.cast(g.min(), mstype.float32)
         w_max, w_min = w32.max(), w32.min()
-        o_max = ops.stack([g_max * w_max, g_min * w_min, g_max * w_min, g_min * w_max]).abs().max()
+        o_max = ops.maximum(ops.maximum(ops.abs(g_max * w_max), ops.abs(g_min * w_min)),
+                            ops.maximum(ops.abs(g_max * w_min), ops.abs(g_min * w_max)))
         scale = self.u_min / (self.t * sigma * math.sqrt(0.5 * fan_in))
         scale = ops.minimum(ops.maximum(scale, self.one), (self.u_max / fan_in) / o_max)
         scale = ops.select(sigma > 0, scale, self.one)
         scale = ops.minimum(self.upper, ops.minimum(self.accum / prev, scale))
         scale = ops.pow(2.0, ops.floor(ops.log2(scale)))
-        return ops.stack([scale, prev * scale])
+        return ops.concat([scale.reshape(1), (prev * scale).reshape(1)])  # concat, as above
