@@ -189,7 +189,7 @@ def per_layer_records(net, taps) -> dict:
                                  for p in t.layer.trainable_params()))
 
 
-def tapped_copy(cfg, plan, out_dir: Path):
+def tapped_copy(cfg, plan, out_dir: Path, rule: Optional[dict] = None):
     """The locator's loss network when the step's own is not tapped (or its taps saturate, which would hide
     what the locator looks for): the model built again, in amp.level's precision, every layer tapped; or
     None when it has no layers. Its parameters have the step's names."""
@@ -200,11 +200,7 @@ def tapped_copy(cfg, plan, out_dir: Path):
     if not layers:
         return None
     net = with_amp(cfg, net, out_dir)
-    rule = None
-    if plan.per_layer:  # the step's scales, so that the replay's gradients are the step's
-        from lsexp import strategies
-
-        rule = strategies.resolve(cfg).layer_rule()
+    # with per_layer's rule (`rule`), the step's scales, so that the replay's gradients are the step's
     taps, _ = install_taps(plan, net, layers, saturating=False, rule=rule, observe=True)
     with_precision(cfg, plan, net)
     return nn.WithLossCell(net, loss(cfg, plan)), taps

@@ -163,7 +163,8 @@ def _taps(job, taps, step_cell) -> dict:
         # under saturation the step's taps hide every inf, and per_layer's measure nothing without
         # telemetry.layers: the replay runs on a copy that keeps and measures them
         mine = None if plan.saturation or (plan.per_layer and not plan.observe_layers) else taps
-        copy = partial(tapped_copy, job.cfg, plan, job.out_dir)  # built only when a replay needs it
+        rule = job.strategy.layer_rule() if plan.per_layer else None
+        copy = partial(tapped_copy, job.cfg, plan, job.out_dir, rule)  # built only when a replay needs it
         out["locator"] = Locator(step_cell.network, mine, kept, copy)
     return out
 
