@@ -59,6 +59,11 @@ def run(cfg: DictConfig) -> dict:
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
+    if cfg.model.get("scaling") == "unit" and cfg.train.get("mean_over_tokens") is not None:
+        log.warning("train.mean_over_tokens=%s with model.scaling=unit: unit scaling's cross-entropy takes "
+                    "the batch's mean going forward only, so its gradients do not shrink with the batch; the "
+                    "run's gradients are those of any batch size (docs/unit_scaling.md)",
+                    cfg.train.mean_over_tokens)
     os.environ["MS_OM_PATH"] = _USER_OM_PATH or str(out_dir)
     # SIGTERM (a scheduler, `kill`) should end the run like Ctrl-C: history written, run marked KILLED.
     try:

@@ -25,10 +25,19 @@ def batch_tokens(cfg: DictConfig) -> int:
     return step_batch(cfg) * world_size(cfg) * per_sample
 
 
+def shrinking_tokens(cfg: DictConfig) -> Optional[int]:
+    """train.mean_over_tokens as it acts on the gradients: None under model.scaling=unit, whose
+    cross-entropy (unit_scaling/functional.py, cross_entropy) takes the mean over the batch going forward
+    only, so that a unit-scaled model's gradients are the same whatever the batch's size."""
+    if cfg.model.get("scaling") == "unit":
+        return None
+    return cfg.train.get("mean_over_tokens")
+
+
 def gradient_divisor(cfg: DictConfig) -> float:
     """train.mean_over_tokens / batch_tokens: how much smaller the gradients are than the batch's mean
-    makes them (1 without the key)."""
-    tokens = cfg.train.get("mean_over_tokens")
+    makes them (1 without the key, and under unit scaling: shrinking_tokens)."""
+    tokens = shrinking_tokens(cfg)
     return 1.0 if tokens is None else float(tokens) / batch_tokens(cfg)
 
 

@@ -21,3 +21,16 @@ def attention_size_problems(cfg) -> list:
     if "seq_len" in cfg.dataset and m.max_len < cfg.dataset.seq_len:
         p.append(f"model.max_len={m.max_len}: shorter than dataset.seq_len={cfg.dataset.seq_len}; raise it")
     return p
+
+
+SCALINGS = ("standard", "unit")
+
+
+def scaling_problems(cfg) -> list:
+    """model.scaling, on the models that have it (lsexp.models.unit)."""
+    if cfg.model.scaling not in SCALINGS:
+        return [f"model.scaling={cfg.model.scaling}: use standard or unit (docs/unit_scaling.md)"]
+    if cfg.model.scaling == "unit" and cfg.model.get("dropout", 0.0):
+        return [f"model.dropout={cfg.model.dropout} with model.scaling=unit: the unit-scaled cells have no "
+                f"dropout; set model.dropout=0.0"]
+    return []

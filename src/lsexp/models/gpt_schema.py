@@ -4,7 +4,7 @@ from dataclasses import dataclass
 from typing import List
 
 from lsexp.config.schema import ModelConfig
-from lsexp.models import attention_size_problems
+from lsexp.models import attention_size_problems, scaling_problems
 
 
 @dataclass
@@ -17,6 +17,7 @@ class GPTConfig(ModelConfig):
     nhead: int = 4
     dim_feedforward: int = 256
     dropout: float = 0.0  # dropout's random state is not checkpointed, so > 0 breaks exact resume
+    scaling: str = "standard"  # or "unit": unit scaling (lsexp.models.unit), Blake et al. 2023
 
 
 SCHEMA = GPTConfig
@@ -27,4 +28,4 @@ def problems(cfg) -> List[str]:
         name = cfg.dataset._target_.rsplit(".", 1)[-1]
         return [f"model._target_={cfg.model._target_} with dataset {name}: a language model needs text; use "
                 f"dataset=python_source or dataset=text"]
-    return attention_size_problems(cfg)
+    return attention_size_problems(cfg) + scaling_problems(cfg)

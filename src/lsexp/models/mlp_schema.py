@@ -2,6 +2,7 @@ from dataclasses import dataclass, field
 from typing import List
 
 from lsexp.config.schema import ImageModelConfig
+from lsexp.models import scaling_problems
 
 
 @dataclass
@@ -14,14 +15,9 @@ class MLPConfig(ImageModelConfig):
 SCHEMA = MLPConfig
 
 
-SCALINGS = ("standard", "unit")
-
-
 def problems(cfg) -> List[str]:
     units, p = list(cfg.model.hidden_units), []
     if any(u < 1 for u in units):
         p.append(f"model.hidden_units={units}: every hidden layer needs >= 1 unit; e.g. [256, 128], "
                  f"or [] for no hidden layer")
-    if cfg.model.scaling not in SCALINGS:
-        p.append(f"model.scaling={cfg.model.scaling}: use standard or unit (docs/unit_scaling.md)")
-    return p
+    return p + scaling_problems(cfg)

@@ -53,6 +53,8 @@ def divisor_params(cfg: DictConfig) -> dict:
 
     if cfg.train.get("mean_over_tokens") is None:
         return {}
+    if cfg.model.get("scaling") == "unit":  # config.facts.shrinking_tokens
+        return {"train.gradient_divisor": "1", "train.optimizer_correction": "none: model.scaling=unit"}
     k = gradient_divisor(cfg)
     return {"train.gradient_divisor": f"{k:g}",
             "train.optimizer_correction": f"optimizer.{divisor_correction(cfg.optimizer)} / {k:g}"}

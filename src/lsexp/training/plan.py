@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from lsexp import amp
+from lsexp.config.facts import shrinking_tokens
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,7 @@ class Plan:
     accumulate_steps: int  # train.accumulate_steps
     micro_batch: int  # dataset.batch_size: one micro-batch's samples
     data_parallel: bool  # parallel=data
-    mean_over_tokens: Optional[int]  # train.mean_over_tokens
+    mean_over_tokens: Optional[int]  # train.mean_over_tokens, as it acts on the gradients
     per_layer: bool = False  # loss_scale=per_layer (a strategy that scales_layers): every layer's tap scales
 
     @property
@@ -83,7 +84,7 @@ def plan_of(cfg) -> Plan:
         accumulate_steps=int(cfg.train.accumulate_steps),
         micro_batch=int(cfg.dataset.batch_size),
         data_parallel=cfg.parallel.parallel_mode == "data_parallel",
-        mean_over_tokens=cfg.train.get("mean_over_tokens"),
+        mean_over_tokens=shrinking_tokens(cfg),
         per_layer=_scales_layers(cfg),
     )
 
