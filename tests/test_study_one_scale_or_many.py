@@ -23,18 +23,25 @@ ARMS = {
 }
 
 
-def test_each_arm_composes_its_precision_strategy_and_scaling():
+@pytest.mark.parametrize("experiment,model,tokens", [
+    ("one_scale_or_many", "mlp", [2 ** 22, 2 ** 24]),
+    ("one_scale_or_many_gpt", "gpt", [2 ** 18, 2 ** 22]),  # per_layer refuses the GPT (no branch rule)
+])
+def test_each_arm_composes_its_precision_strategy_and_scaling(experiment, model, tokens):
     from lsexp.report.studies import one_scale_or_many
 
-    swept = compose_cfg("experiment=one_scale_or_many", hydra_cfg=True).hydra.sweeper.params
-    assert swept["arm"].split(",") == list(ARMS) == one_scale_or_many.ARMS
+    swept = compose_cfg(f"experiment={experiment}", hydra_cfg=True).hydra.sweeper.params
+    arms = [a for a in ARMS if model == "mlp" or not a.startswith("per_layer")]
+    assert swept["arm"].split(",") == arms == [a for a in one_scale_or_many.ARMS if a in arms]
     assert swept["train.seed"].split(",") == ["1", "2", "3", "4", "5"]
-    assert swept["train.mean_over_tokens"].split(",") == [str(2 ** 22), str(2 ** 24)]
-    for arm, (level, option, scaling, dtype) in ARMS.items():
-        cfg = compose_cfg("experiment=one_scale_or_many", f"arm={arm}", hydra_cfg=True)
+    assert swept["train.mean_over_tokens"].split(",") == [str(n) for n in tokens]
+    for arm in arms:
+        level, option, scaling, dtype = ARMS[arm]
+        cfg = compose_cfg(f"experiment={experiment}", f"arm={arm}", hydra_cfg=True)
         assert cfg.hydra.runtime.choices.loss_scale == option
         assert (cfg.amp.level, cfg.amp.dtype, cfg.model.scaling) == (level, dtype, scaling)
         assert cfg.study == "one_scale_or_many" and cfg.telemetry.layers
+        assert cfg.model._target_.split(".")[2] == model
     assert compose_cfg("experiment=one_scale_or_many", "arm=per_layer_4096").loss_scale.init_scale == 4096
 
 

@@ -318,12 +318,14 @@ def test_the_unit_scaled_gpts_final_gain_gradient_is_unit_scaled_at_initialisati
     assert 0.5 <= _gpt_stds(pynative, batches=1)[FINAL_NORM_GAIN_GRADIENT] <= 2
 
 
-@pytest.mark.slow  # 100 steps, ~35 s
+@pytest.mark.slow  # 100 steps, ~16 s
 def test_the_unit_scaled_gpt_trains_below_its_corpus_unigram_entropy_in_float32(train_run):
+    # experiment=one_scale_or_many_gpt's setup: 16 x 64 bytes from the first 300 kB
     summary, rows, _ = train_run("workload=gpt_python", "model.scaling=unit", "loss_scale=none",
-                                 "train.max_steps=100")
+                                 "train.max_steps=100", "dataset.seq_len=64", "dataset.batch_size=16",
+                                 "dataset.max_bytes=300000")
     assert summary["steps"] == 100 and summary["overflow_steps"] == []
-    assert summary["eval_loss"] < summary["reference_loss"], summary  # 2.88 against 3.14 (docs)
+    assert summary["eval_loss"] < summary["reference_loss"], summary  # 2.95 against 3.14 (docs)
 
 
 def test_a_unit_scaled_models_gradients_do_not_shrink_with_mean_over_tokens(train_run):

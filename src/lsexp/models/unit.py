@@ -34,27 +34,26 @@ def gmean(*scales: float) -> float:
 class _ScaledLinear(nn.Cell):
     """(x @ w.T + b) * output_scale, and its backward in one custom bprop: the input's gradient times
     grad_input_scale, the weight's and bias's times batch ** -1/2. One cell instead of a scale_bwd per
-    input and a scale_fwd: a CPU step is bound by per-operator dispatch (docs/unit_scaling.md)."""
+    input and a scale_fwd: a CPU step is bound by per-operator dispatch (docs/unit_scaling.md). Leading
+    dimensions are folded into one, as nn.Dense folds them: a 2-D MatMul, not a broadcast BatchMatMul."""
 
     def __init__(self, fan_in: int, fan_out: int, output_scale: float, grad_input_scale: float):
         super().__init__()
         self.fan_in, self.fan_out = fan_in, fan_out
         self.output_scale, self.grad_input_scale = output_scale, grad_input_scale
         self.matmul_nt = ops.MatMul(transpose_b=True)
+        self.matmul_nn = ops.MatMul()
         self.matmul_tn = ops.MatMul(transpose_a=True)
 
     def construct(self, x, w, b):
-        if x.ndim == 2:
-            return ops.bias_add(self.matmul_nt(x, w), b) * self.output_scale
-        return (ops.matmul(x, w.T) + b) * self.output_scale
+        y = ops.bias_add(self.matmul_nt(x.reshape(-1, self.fan_in), w), b) * self.output_scale
+        return y.reshape(x.shape[:-1] + (self.fan_out,))
 
     def bprop(self, x, w, b, out, dout):
         weight_scale = (x.size // self.fan_in) ** -0.5
-        g, x2 = dout, x
-        if x.ndim != 2:
-            g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
-        return (ops.matmul(dout, w) * self.grad_input_scale, self.matmul_tn(g, x2) * weight_scale,
-                g.sum(0) * weight_scale)
+        g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
+        return ((self.matmul_nn(g, w) * self.grad_input_scale).reshape(x.shape),
+                self.matmul_tn(g, x2) * weight_scale, g.sum(0) * weight_scale)
 
 
 class _ScaledProjection(nn.Cell):
@@ -65,15 +64,19 @@ class _ScaledProjection(nn.Cell):
         super().__init__()
         self.fan_in, self.fan_out = fan_in, fan_out
         self.output_scale, self.grad_input_scale = output_scale, grad_input_scale
+        self.matmul_nt = ops.MatMul(transpose_b=True)
+        self.matmul_nn = ops.MatMul()
         self.matmul_tn = ops.MatMul(transpose_a=True)
 
     def construct(self, x, w):
-        return ops.matmul(x, w.T) * self.output_scale
+        y = self.matmul_nt(x.reshape(-1, self.fan_in), w) * self.output_scale
+        return y.reshape(x.shape[:-1] + (self.fan_out,))
 
     def bprop(self, x, w, out, dout):
         weight_scale = (x.size // self.fan_in) ** -0.5
         g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
-        return ops.matmul(dout, w) * self.grad_input_scale, self.matmul_tn(g, x2) * weight_scale
+        return ((self.matmul_nn(g, w) * self.grad_input_scale).reshape(x.shape),
+                self.matmul_tn(g, x2) * weight_scale)
 
 
 def linear_scales(fan_in: int, fan_out: int, constraint) -> tuple:
