@@ -31,34 +31,12 @@ def gmean(*scales: float) -> float:
     return math.prod(scales) ** (1 / len(scales))
 
 
-class _ScaledLinear(nn.Cell):
-    """(x @ w.T + b) * output_scale, and its backward in one custom bprop: the input's gradient times
-    grad_input_scale, the weight's and bias's times batch ** -1/2. One cell instead of a scale_bwd per
-    input and a scale_fwd: a CPU step is bound by per-operator dispatch (docs/unit_scaling.md). Leading
-    dimensions are folded into one, as nn.Dense folds them: a 2-D MatMul, not a broadcast BatchMatMul."""
-
-    def __init__(self, fan_in: int, fan_out: int, output_scale: float, grad_input_scale: float):
-        super().__init__()
-        self.fan_in, self.fan_out = fan_in, fan_out
-        self.output_scale, self.grad_input_scale = output_scale, grad_input_scale
-        self.matmul_nt = ops.MatMul(transpose_b=True)
-        self.matmul_nn = ops.MatMul()
-        self.matmul_tn = ops.MatMul(transpose_a=True)
-
-    def construct(self, x, w, b):
-        y = ops.bias_add(self.matmul_nt(x.reshape(-1, self.fan_in), w), b) * self.output_scale
-        return y.reshape(x.shape[:-1] + (self.fan_out,))
-
-    def bprop(self, x, w, b, out, dout):
-        weight_scale = (x.size // self.fan_in) ** -0.5
-        g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
-        return ((self.matmul_nn(g, w) * self.grad_input_scale).reshape(x.shape),
-                self.matmul_tn(g, x2) * weight_scale, g.sum(0) * weight_scale)
-
-
 class _ScaledProjection(nn.Cell):
     """(x @ w.T) * output_scale without a bias, as the library's bias=False Linear (MHSA's projections)
-    and the tied read-out compute it; its bprop as _ScaledLinear's, less the bias."""
+    and the tied read-out compute it, and its backward in one custom bprop: the input's gradient times
+    grad_input_scale, the weight's times batch ** -1/2. One cell instead of a scale_bwd per input and a
+    scale_fwd: a CPU step is bound by per-operator dispatch (docs/unit_scaling.md). Leading dimensions are
+    folded into one, as nn.Dense folds them: a 2-D MatMul, not a broadcast BatchMatMul."""
 
     def __init__(self, fan_in: int, fan_out: int, output_scale: float, grad_input_scale: float):
         super().__init__()
@@ -69,14 +47,35 @@ class _ScaledProjection(nn.Cell):
         self.matmul_tn = ops.MatMul(transpose_a=True)
 
     def construct(self, x, w):
-        y = self.matmul_nt(x.reshape(-1, self.fan_in), w) * self.output_scale
-        return y.reshape(x.shape[:-1] + (self.fan_out,))
+        return self.unfold(self.matmul_nt(x.reshape(-1, self.fan_in), w) * self.output_scale, x)
 
     def bprop(self, x, w, out, dout):
+        dx, dw, _ = self.grads(x, w, dout)
+        return dx, dw
+
+    def unfold(self, y, x):
+        return y.reshape(x.shape[:-1] + (self.fan_out,))
+
+    def grads(self, x, w, dout):
+        """The input's and weight's gradients, and the 2-D incoming gradient and batch ** -1/2, from which
+        the bias's."""
         weight_scale = (x.size // self.fan_in) ** -0.5
         g, x2 = dout.reshape(-1, self.fan_out), x.reshape(-1, self.fan_in)
-        return ((self.matmul_nn(g, w) * self.grad_input_scale).reshape(x.shape),
-                self.matmul_tn(g, x2) * weight_scale)
+        dx = (self.matmul_nn(g, w) * self.grad_input_scale).reshape(x.shape)
+        return dx, self.matmul_tn(g, x2) * weight_scale, (g, weight_scale)
+
+
+class _ScaledLinear(_ScaledProjection):
+    """(x @ w.T + b) * output_scale: _ScaledProjection with a bias, whose gradient is scaled as the
+    weight's."""
+
+    def construct(self, x, w, b):
+        y = ops.bias_add(self.matmul_nt(x.reshape(-1, self.fan_in), w), b) * self.output_scale
+        return self.unfold(y, x)
+
+    def bprop(self, x, w, b, out, dout):
+        dx, dw, (g, weight_scale) = self.grads(x, w, dout)
+        return dx, dw, g.sum(0) * weight_scale
 
 
 def linear_scales(fan_in: int, fan_out: int, constraint) -> tuple:
