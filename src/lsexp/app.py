@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from lsexp import preflight
 from lsexp.config import hydra_errors, paths
 from lsexp.config.errors import ConfigError, Halt, Refused
+from lsexp.config.facts import shrinking_tokens
 from lsexp.config.registry import register_configs
 from lsexp.scaleout import launchers
 
@@ -59,7 +60,7 @@ def run(cfg: DictConfig) -> dict:
     if cfg.amp.level == "O0":
         log.warning("amp.level=O0 computes in float32, so no gradient overflows and the loss-scale "
                     "strategies behave alike; use amp=O2 or amp=O3 to see them differ")
-    if cfg.model.get("scaling") == "unit" and cfg.train.get("mean_over_tokens") is not None:
+    if cfg.train.get("mean_over_tokens") is not None and shrinking_tokens(cfg) is None:
         log.warning("train.mean_over_tokens=%s with model.scaling=unit: unit scaling's cross-entropy takes "
                     "the batch's mean going forward only, so its gradients do not shrink with the batch; the "
                     "run's gradients are those of any batch size (docs/unit_scaling.md)",

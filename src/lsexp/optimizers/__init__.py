@@ -49,12 +49,10 @@ def divisor_correction(cfg_optimizer: DictConfig) -> Optional[str]:
 
 def divisor_params(cfg: DictConfig) -> dict:
     """train.mean_over_tokens' correction as the run's params: K, and the optimizer key divided by it."""
-    from lsexp.config.facts import gradient_divisor
+    from lsexp.config.facts import gradient_divisor, shrinking_tokens
 
-    if cfg.train.get("mean_over_tokens") is None:
+    if shrinking_tokens(cfg) is None:  # no key, or gradients it does not shrink (unit scaling)
         return {}
-    if cfg.model.get("scaling") == "unit":  # config.facts.shrinking_tokens
-        return {"train.gradient_divisor": "1", "train.optimizer_correction": "none: model.scaling=unit"}
     k = gradient_divisor(cfg)
     return {"train.gradient_divisor": f"{k:g}",
             "train.optimizer_correction": f"optimizer.{divisor_correction(cfg.optimizer)} / {k:g}"}
